@@ -1,0 +1,131 @@
+"""Config dataclasses of the credit estimators: one documented field per knob."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+NORMALIZE_MODES = ("minmax", "max", "none")
+SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
+
+
+def _finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class OutcomeConfig:
+    """The trajectory-level GRPO advantage every token-level method starts from.
+
+    Attributes:
+        norm_by_std: divide by the group's unbiased std (GRPO); ``False`` is Dr.GRPO.
+        eps: added to the group std (verl's ``epsilon``).
+    """
+
+    norm_by_std: bool = True
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _finite("eps", self.eps)
+        if self.eps < 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class GEARConfig(OutcomeConfig):
+    """GEAR knobs (DESIGN.md, "GEAR, as this project specifies it").
+
+    Attributes:
+        lambda_kl: onset threshold on the normalised divergence ``n_s > lambda_kl`` (step 4);
+            for ``entropy_only``, the threshold on the min-max-normalised entropy.
+        lambda_h: a segment ends at the first later policy token whose entropy exceeds
+            ``lambda_h`` times the onset's entropy (inclusive).
+        alpha: weight scale in ``W = alpha * w + beta``.
+        beta: offset in ``W``; ``None`` means ``1 - alpha / 2`` (so ``w = 0.5`` gives ``W = 1``).
+        normalize: per-trajectory divergence normalisation over policy tokens: ``minmax``
+            (``(d - min) / (max - min)``, 0 where the range is < 1e-8), ``max`` (``d / max``,
+            0 where ``max`` < 1e-8), ``none`` (raw divergence).
+        segmentation: ``kl_entropy`` (GEAR); ``none`` (token-level KL weights, no segments);
+            ``kl_only`` (a segment runs from one divergence spike to the token before the next);
+            ``entropy_only`` (onsets where normalised entropy > ``lambda_kl``, usual termination);
+            ``entropy_window`` (usual onsets; a segment ends where the mean entropy of its
+            trailing ``window`` policy tokens after the onset exceeds ``lambda_h * H_onset``).
+        window: trailing window length for ``entropy_window``.
+        sign_aware: ``w = 1 - u`` for ``A > 0`` and ``w = u`` for ``A < 0`` (step 6); ``False``
+            makes high divergence always down-weight (``w = 1 - u`` for every sign).
+        mean_preserving: divide ``W`` by its mean over the trajectory's policy tokens, so the
+            trajectory keeps GRPO's total advantage mass (beyond the paper; off by default).
+    """
+
+    lambda_kl: float = 0.1
+    lambda_h: float = 1.5
+    alpha: float = 1.0
+    beta: float | None = None
+    normalize: str = "minmax"
+    segmentation: str = "kl_entropy"
+    window: int = 8
+    sign_aware: bool = True
+    mean_preserving: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("lambda_kl", "lambda_h", "alpha"):
+            _finite(name, getattr(self, name))
+        if self.beta is not None:
+            _finite("beta", self.beta)
+        if self.normalize not in NORMALIZE_MODES:
+            raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got {self.normalize!r}")
+        if self.segmentation not in SEGMENTATION_MODES:
+            raise ValueError(
+                f"segmentation must be one of {SEGMENTATION_MODES}, got {self.segmentation!r}"
+            )
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+
+    @property
+    def resolved_beta(self) -> float:
+        """``beta``, or ``1 - alpha / 2`` when unset."""
+        return 1.0 - self.alpha / 2.0 if self.beta is None else float(self.beta)
+
+
+@dataclass(frozen=True)
+class TopEntropyConfig(OutcomeConfig):
+    """Top-entropy token mask (Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939).
+
+    Attributes:
+        rho: fraction of the batch's policy tokens, highest entropy first, that keep their
+            advantage; the rest get 0. Ties at the threshold are all kept.
+    """
+
+    rho: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("rho", self.rho)
+        if not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"rho must be in (0, 1], got {self.rho}")
+
+
+@dataclass(frozen=True)
+class RLSDConfig(OutcomeConfig):
+    """RLSD token reweighting (arXiv 2604.03128):
+    ``Ahat_t = A * ((1 - lam) + lam * clip(exp(sign(A) * d_t), 1 - eps_w, 1 + eps_w))``,
+    ``d_t = teacher_logprob - student_logprob``.
+
+    Attributes:
+        lam: mixing weight of the teacher-ratio term.
+        eps_w: clip half-width of the ratio.
+    """
+
+    lam: float = 0.5
+    eps_w: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("lam", self.lam)
+        _finite("eps_w", self.eps_w)
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if not 0.0 <= self.eps_w < 1.0:
+            raise ValueError(f"eps_w must be in [0, 1), got {self.eps_w}")

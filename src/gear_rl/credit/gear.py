@@ -1,0 +1,201 @@
+"""GEAR: Granularity-adaptivE Advantage Reweighting (arXiv 2605.11853, Sec. 3; Eqs. 3-8).
+
+The paper's text lost its equations; this follows the project's resolved reading in DESIGN.md,
+"GEAR, as this project specifies it". Per trajectory ``i`` with GRPO advantage ``A_i``:
+
+1. ``A_i`` from :func:`gear_rl.credit.grpo.grpo_advantages` (the estimator registry does this).
+2. ``d_t``: token-wise reverse KL student -> ground-truth-conditioned teacher (``gear_rl.signals``).
+3. Normalise over policy tokens: ``n_t = (d_t - min) / (max - min)``, 0 where the range < 1e-8.
+4. Segment: at a policy token ``s`` with ``n_s > lambda_kl`` open a segment; it runs to the first
+   later policy token ``e`` with ``H_e > lambda_h * H_s`` (inclusive), or to the last policy
+   token. Resume after ``e``. Observation/padding positions are skipped, not boundaries.
+5. Score: ``u_t = n_s`` inside a segment with onset ``s``; ``u_t = n_t`` elsewhere.
+6. Sign-aware weight: ``w_t = 1 - u_t`` if ``A_i > 0``; ``u_t`` if ``A_i < 0``; 0.5 if 0.
+7. Rescale: ``W_t = alpha * w_t + beta`` (``beta = 1 - alpha/2`` unless set);
+   ``Ahat_t = W_t * A_i * mask_t``.
+
+:func:`gear_advantages_reference` spells those steps out in plain torch/Python; the public
+functions run the fused numba kernel of :mod:`gear_rl.credit.segments`, held to it by tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from gear_rl.credit._validate import check_batch_size, check_mask, check_tokens, check_vector
+from gear_rl.credit.config import GEARConfig
+from gear_rl.credit.segments import (
+    NORMALIZE_CODES,
+    OUTPUT_ADVANTAGES,
+    OUTPUT_ONSETS,
+    OUTPUT_WEIGHTS,
+    SEGMENTATION_CODES,
+    STATUS_DIVERGENCE,
+    STATUS_ENTROPY,
+    STATUS_MASK,
+    gear_kernel,
+    normalize_reference,
+    scan_reference,
+)
+
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float32,
+                torch.float64)
+_STATUS_ERRORS = {
+    STATUS_DIVERGENCE: "divergence contains NaN or inf (row {row})",
+    STATUS_ENTROPY: "entropy contains NaN or inf (row {row})",
+    STATUS_MASK: "mask must contain only 0 and 1 (row {row} has another value)",
+}
+
+
+def _check_inputs(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
+                  advantages: torch.Tensor | None, config: GEARConfig) -> None:
+    """Shape/dtype checks (cheap); value checks happen inside the kernel's single pass."""
+    if not isinstance(config, GEARConfig):
+        raise ValueError(f"config must be a GEARConfig, got {type(config).__name__}")
+    check_mask(mask, values=False)
+    check_tokens("divergence", divergence, tuple(mask.shape), finite=False)
+    check_tokens("entropy", entropy, tuple(mask.shape), finite=False)
+    if advantages is not None:
+        check_vector("advantages", advantages)
+        check_batch_size("advantages", advantages, mask.shape[0])
+
+
+def _numpy(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    """A contiguous CPU array of ``x`` in ``dtype`` (no copy when it already is one)."""
+    return x.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
+
+
+def _run_kernel(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
+                advantages: torch.Tensor | None, config: GEARConfig,
+                output: int) -> torch.Tensor:
+    """Move inputs to contiguous CPU arrays the kernel accepts, run it, raise on bad values."""
+    device = mask.device
+    wide = torch.float64 in (divergence.dtype, entropy.dtype) or (
+        advantages is not None and advantages.dtype == torch.float64)
+    dtype = torch.float64 if wide else torch.float32
+
+    div = _numpy(divergence, dtype)
+    ent = _numpy(entropy, dtype)
+    msk = _numpy(mask, mask.dtype if mask.dtype in _MASK_DTYPES else torch.float32)
+    batch, length = div.shape
+    adv = np.zeros(batch, dtype=div.dtype) if advantages is None else _numpy(advantages, dtype)
+    out_float = np.empty((batch, length) if output != OUTPUT_ONSETS else (1, 1), dtype=div.dtype)
+    out_onsets = np.empty((batch, length) if output == OUTPUT_ONSETS else (1, 1), dtype=np.int64)
+    status = np.zeros(batch, dtype=np.int8)
+    if batch and length:
+        gear_kernel(div, ent, msk, adv, SEGMENTATION_CODES[config.segmentation],
+                    NORMALIZE_CODES[config.normalize], float(config.lambda_kl),
+                    float(config.lambda_h), float(config.alpha), config.resolved_beta,
+                    int(config.window), bool(config.sign_aware), bool(config.mean_preserving),
+                    output, out_float, out_onsets, status)
+        bad = np.flatnonzero(status)
+        if bad.size:
+            row = int(bad[0])
+            raise ValueError(_STATUS_ERRORS[int(status[row])].format(row=row))
+    result = torch.from_numpy(out_onsets if output == OUTPUT_ONSETS else out_float)
+    return result.to(device)
+
+
+def gear_advantages(
+    advantages: torch.Tensor,
+    divergence: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
+) -> torch.Tensor:
+    """Reshape trajectory advantages into GEAR's per-token advantages.
+
+    Args:
+        advantages: ``[B]`` trajectory-level advantage ``A_i`` (e.g. from ``grpo_advantages``).
+        divergence: ``[B, T]`` per-token divergence ``d_t`` student -> teacher (nats).
+        entropy: ``[B, T]`` per-token student entropy ``H_t`` (nats).
+        mask: ``[B, T]`` 1 for trained policy tokens, 0 for padding and observation tokens.
+        config: the GEAR knobs.
+
+    Returns:
+        ``[B, T]`` ``Ahat_t = W_t * A_i * mask_t``: float32 (float64 if any input is float64),
+        on ``mask``'s device; exactly 0 where ``mask == 0``; all-masked rows are all 0.
+
+    Raises:
+        ValueError: naming the argument, for wrong shapes or dtypes, NaN/inf, or mask values
+        other than 0/1.
+    """
+    _check_inputs(divergence, entropy, mask, advantages, config)
+    return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_ADVANTAGES)
+
+
+def gear_segments(
+    divergence: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
+) -> torch.Tensor:
+    """Segment onsets (DESIGN.md steps 3-4).
+
+    Args:
+        divergence, entropy, mask: ``[B, T]`` as in :func:`gear_advantages`.
+        config: ``normalize``, ``segmentation``, ``lambda_kl``, ``lambda_h``, ``window`` are read.
+
+    Returns:
+        ``[B, T]`` int64: for each policy token, the index ``t`` of the onset of the segment that
+        holds it; -1 outside segments and at every masked-out position.
+    """
+    _check_inputs(divergence, entropy, mask, None, config)
+    return _run_kernel(divergence, entropy, mask, None, config, OUTPUT_ONSETS)
+
+
+def gear_weights(
+    advantages: torch.Tensor,
+    divergence: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
+) -> torch.Tensor:
+    """The per-token weights ``W_t`` (DESIGN.md step 7, after ``mean_preserving`` if set).
+
+    Only the sign of each ``advantages`` entry matters. Returns ``[B, T]``, 0 where
+    ``mask == 0``; ``gear_advantages == gear_weights * advantages[:, None]``. For metrics and
+    the token-credit viewer.
+    """
+    _check_inputs(divergence, entropy, mask, advantages, config)
+    return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_WEIGHTS)
+
+
+def gear_advantages_reference(
+    advantages: torch.Tensor,
+    divergence: torch.Tensor,
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
+) -> torch.Tensor:
+    """DESIGN.md steps 3-7 written out one row at a time in plain Python (slow; for tests).
+
+    Same contract as :func:`gear_advantages`; returns float64 ``[B, T]``.
+    """
+    _check_inputs(divergence, entropy, mask, advantages, config)
+    check_mask(mask)
+    check_tokens("divergence", divergence)
+    check_tokens("entropy", entropy)
+    beta = config.resolved_beta
+    rows = []
+    for d_row, h_row, m_row, a in zip(divergence.double().tolist(), entropy.double().tolist(),
+                                      mask.int().tolist(), advantages.double().tolist(),
+                                      strict=True):
+        normalized = normalize_reference(d_row, m_row, config.normalize)          # step 3
+        onsets = scan_reference(normalized, h_row, m_row, config)                  # step 4
+        scores = [normalized[s] if s >= 0 else n                                   # step 5
+                  for s, n in zip(onsets, normalized, strict=True)]
+        if config.sign_aware and a < 0:                                            # step 6
+            weights = list(scores)
+        elif config.sign_aware and a == 0:
+            weights = [0.5] * len(scores)
+        else:
+            weights = [1.0 - u for u in scores]
+        rescaled = [config.alpha * w + beta for w in weights]                      # step 7
+        if config.mean_preserving and any(m_row):
+            mean = sum(w for w, m in zip(rescaled, m_row, strict=True) if m) / sum(m_row)
+            if abs(mean) > 1e-12:
+                rescaled = [w / mean for w in rescaled]
+        rows.append([w * a if m else 0.0 for w, m in zip(rescaled, m_row, strict=True)])
+    return torch.tensor(rows, dtype=torch.float64).reshape(mask.shape)

@@ -1,0 +1,61 @@
+"""GRPO group-normalised outcome advantage, and Dr.GRPO.
+
+GRPO: Shao et al., "DeepSeekMath", arXiv 2402.03300, Sec. 4.1.2 (outcome supervision):
+``A_i = (R_i - mean_g) / (std_g + eps)``. Dr.GRPO: Liu et al., "Understanding R1-Zero-Like
+Training", arXiv 2503.20783, Sec. 3.2: drop the std division, ``A_i = R_i - mean_g``.
+
+Matches verl's ``compute_grpo_outcome_advantage`` (unbiased std, ``eps`` added to the std) for
+groups of two or more. A group of one gets advantage 0 here (verl gives its raw score): a lone
+sample has no baseline, so it carries no learning signal (DESIGN.md, step 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from gear_rl.credit._validate import check_vector, group_index
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-normalised outcome advantage per trajectory.
+
+    Args:
+        rewards: ``[B]`` scalar reward per trajectory, finite.
+        group_ids: ``B`` hashable prompt ids (or a ``[B]`` integer tensor); trajectories with
+            equal ids form a group.
+        norm_by_std: divide by the unbiased group std plus ``eps`` (GRPO); ``False`` is Dr.GRPO.
+        eps: added to the std, as in verl.
+
+    Returns:
+        ``[B]`` advantages in ``rewards``' dtype; 0 for groups of one and zero-variance groups.
+    """
+    check_vector("rewards", rewards)
+    if not (eps >= 0 and eps == eps and eps != float("inf")):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+    batch = rewards.shape[0]
+    index, num_groups = group_index(group_ids, batch, rewards.device)
+    if batch == 0:
+        return rewards.clone()
+
+    # Sums in float64: exact enough that a constant group gives exactly 0, whatever its size.
+    r64 = rewards.to(torch.float64)
+    count = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
+    count.index_add_(0, index, torch.ones_like(r64))
+    total = torch.zeros_like(count).index_add_(0, index, r64)
+    mean = total / count
+    centred = r64 - mean[index]
+    out = centred
+    if norm_by_std:
+        sq = torch.zeros_like(count).index_add_(0, index, centred * centred)
+        std = torch.sqrt(sq / (count - 1).clamp_min(1))
+        out = centred / (std[index] + eps)
+    out = torch.where(count[index] > 1, out, torch.zeros_like(out))
+    return out.to(rewards.dtype)

@@ -1,0 +1,147 @@
+"""The estimator registry: name -> a callable with one signature, ``estimator(batch, config)``.
+
+Every estimator takes a :class:`~gear_rl.credit.batch.CreditBatch` and returns ``[B, T]``
+token-level advantages, 0 where ``batch.mask == 0``. ``estimator.needs`` names the signal fields
+it reads (the trainer runs the signal pass only when it is non-empty); ``estimator.config_cls``
+is its config dataclass; ``estimator.fixed`` are config fields the name pins (an ablation's
+``segmentation``), which a passed config may not contradict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from gear_rl.credit._validate import check_batch_size, check_mask
+from gear_rl.credit.batch import CreditBatch
+from gear_rl.credit.config import GEARConfig, OutcomeConfig, RLSDConfig, TopEntropyConfig
+from gear_rl.credit.gear import gear_advantages
+from gear_rl.credit.grpo import grpo_advantages
+from gear_rl.credit.token import rlsd_advantages, top_entropy_advantages
+
+EstimatorFn = Callable[[CreditBatch, Any], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered credit estimator. Call it as ``estimator(batch, config=None)``."""
+
+    name: str
+    fn: EstimatorFn
+    config_cls: type[OutcomeConfig]
+    needs: tuple[str, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def make_config(self, **overrides: Any) -> OutcomeConfig:
+        """This estimator's config with ``overrides``; unknown or pinned fields raise."""
+        valid = {f.name for f in dataclasses.fields(self.config_cls)}
+        unknown = sorted(set(overrides) - valid)
+        if unknown:
+            raise ValueError(
+                f"estimator {self.name!r} has no config field(s) {unknown}; valid: {sorted(valid)}"
+            )
+        for key, value in overrides.items():
+            if key in self.fixed and self.fixed[key] != value:
+                raise ValueError(
+                    f"estimator {self.name!r} pins {key}={self.fixed[key]!r}; got {value!r} "
+                    f"(use estimator 'gear' to choose {key} freely)"
+                )
+        return self.config_cls(**{**overrides, **self.fixed})
+
+    def __call__(self, batch: CreditBatch, config: OutcomeConfig | None = None) -> torch.Tensor:
+        """``[B, T]`` token-level advantages for ``batch`` (0 where ``batch.mask == 0``)."""
+        if not isinstance(batch, CreditBatch):
+            raise ValueError(f"batch must be a CreditBatch, got {type(batch).__name__}")
+        if config is None:
+            config = self.make_config()
+        elif not isinstance(config, self.config_cls):
+            raise ValueError(
+                f"estimator {self.name!r} takes a {self.config_cls.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        else:
+            for key, value in self.fixed.items():
+                if getattr(config, key) != value:
+                    raise ValueError(
+                        f"estimator {self.name!r} pins {key}={value!r}; config has "
+                        f"{key}={getattr(config, key)!r}"
+                    )
+        batch.require(self.name, *self.needs)
+        check_mask(batch.mask, values=False)
+        check_batch_size("rewards", batch.rewards, batch.mask.shape[0])
+        return self.fn(batch, config)
+
+
+def _outcome(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+    """``[B]`` GRPO (or Dr.GRPO) trajectory advantages."""
+    return grpo_advantages(batch.rewards, batch.group_ids, norm_by_std=config.norm_by_std,
+                           eps=config.eps)
+
+
+def _broadcast(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+    check_mask(batch.mask)
+    advantages = _outcome(batch, config)
+    dtype = advantages.dtype if advantages.is_floating_point() else torch.float32
+    return advantages[:, None].to(dtype) * batch.mask.to(dtype)
+
+
+def _gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
+    return gear_advantages(_outcome(batch, config), batch.divergence, batch.entropy, batch.mask,
+                           config)
+
+
+def _top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
+    return top_entropy_advantages(_outcome(batch, config), batch.entropy, batch.mask,
+                                  rho=config.rho)
+
+
+def _rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
+    return rlsd_advantages(_outcome(batch, config), batch.student_logprobs,
+                           batch.teacher_logprobs, batch.mask, lam=config.lam, eps_w=config.eps_w)
+
+
+_GEAR_NEEDS = ("divergence", "entropy")
+
+
+def _gear_variant(name: str, segmentation: str, description: str) -> Estimator:
+    return Estimator(name, _gear, GEARConfig, _GEAR_NEEDS,
+                     MappingProxyType({"segmentation": segmentation}), description)
+
+
+ESTIMATORS: Mapping[str, Estimator] = MappingProxyType({
+    e.name: e for e in (
+        Estimator("grpo", _broadcast, OutcomeConfig, (), MappingProxyType({"norm_by_std": True}),
+                  "GRPO: group-normalised outcome advantage on every token"),
+        Estimator("dr_grpo", _broadcast, OutcomeConfig, (),
+                  MappingProxyType({"norm_by_std": False}),
+                  "Dr.GRPO: group-centred outcome advantage, no std division"),
+        Estimator("gear", _gear, GEARConfig, _GEAR_NEEDS, MappingProxyType({}),
+                  "GEAR: divergence/entropy segments, sign-aware weights (segmentation free)"),
+        _gear_variant("gear_token_kl", "none", "GEAR ablation: token-level KL weights"),
+        _gear_variant("gear_kl_only", "kl_only", "GEAR ablation: segments from KL spikes only"),
+        _gear_variant("gear_entropy_only", "entropy_only",
+                      "GEAR ablation: onsets from entropy spikes"),
+        _gear_variant("gear_entropy_window", "entropy_window",
+                      "GEAR ablation: termination by a trailing mean-entropy window"),
+        Estimator("top_entropy", _top_entropy, TopEntropyConfig, ("entropy",),
+                  MappingProxyType({}), "only the top-rho highest-entropy tokens keep A"),
+        Estimator("rlsd", _rlsd, RLSDConfig, ("student_logprobs", "teacher_logprobs"),
+                  MappingProxyType({}), "RLSD: clipped teacher/student ratio token weights"),
+    )
+})
+
+
+def get_estimator(name: str) -> Estimator:
+    """The registered estimator called ``name``; unknown names raise listing the valid ones."""
+    try:
+        return ESTIMATORS[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown estimator {name!r}; registered: {sorted(ESTIMATORS)}"
+        ) from None
