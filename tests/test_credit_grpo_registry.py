@@ -1,0 +1,149 @@
+"""GRPO / Dr.GRPO by hand, against verl when installed, and the estimator registry."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gear_rl.credit import (
+    ESTIMATORS,
+    CreditBatch,
+    GEARConfig,
+    gear_advantages,
+    get_estimator,
+    grpo_advantages,
+    rlsd_advantages,
+    top_entropy_advantages,
+)
+
+
+def test_grpo_by_hand() -> None:
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.5])
+    groups = ["p", "p", "p", "q", "q", "r"]
+    out = grpo_advantages(rewards, groups)
+    # group p: mean 1/3, unbiased std sqrt(1/3)
+    std_p = math.sqrt(((2 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)
+    assert out[:3].tolist() == pytest.approx([(2 / 3) / (std_p + 1e-6), (-1 / 3) / (std_p + 1e-6),
+                                              (-1 / 3) / (std_p + 1e-6)])
+    assert out[3:5].tolist() == [0.0, 0.0]  # zero variance
+    assert out[5].item() == 0.0  # a group of one has no baseline
+    dr = grpo_advantages(rewards, groups, norm_by_std=False)
+    assert dr.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+
+
+def test_group_ids_as_tensor_and_interleaved() -> None:
+    rewards = torch.tensor([1.0, 3.0, 2.0, 5.0])
+    by_list = grpo_advantages(rewards, ["a", "b", "a", "b"])
+    by_tensor = grpo_advantages(rewards, torch.tensor([7, 9, 7, 9]))
+    assert torch.equal(by_list, by_tensor)
+    assert by_list[0] < 0 < by_list[2] and by_list[1] < 0 < by_list[3]
+    assert grpo_advantages(torch.zeros(0), []).shape == (0,)
+
+
+def test_constant_large_group_is_exactly_zero() -> None:
+    out = grpo_advantages(torch.full((7,), 0.1), [0] * 7)
+    assert torch.equal(out, torch.zeros(7))
+
+
+def test_grpo_equals_verl() -> None:
+    core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+    import numpy as np
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        groups = 1 + trial % 5
+        size = 2 + trial % 4
+        rewards = torch.randint(0, 3, (groups * size,), generator=generator).float() / 2
+        index = np.array([f"u{i // size}" for i in range(groups * size)], dtype=object)
+        length = 6
+        mask = torch.ones(groups * size, length)
+        token_rewards = torch.zeros(groups * size, length)
+        token_rewards[:, -1] = rewards
+        for norm in (True, False):
+            verl_adv, _ = core_algos.compute_grpo_outcome_advantage(
+                token_rewards, mask, index, norm_adv_by_std_in_grpo=norm)
+            ours = grpo_advantages(rewards, list(index), norm_by_std=norm)
+            assert torch.allclose(verl_adv[:, 0], ours, atol=1e-5), (trial, norm)
+
+
+def test_top_entropy_keeps_top_fraction_of_policy_tokens() -> None:
+    entropy = torch.tensor([[0.1, 0.9, 0.3, 5.0, 0.2], [0.8, 0.4, 0.5, 0.6, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 0, 1], [1, 1, 1, 1, 0.0]])
+    adv = torch.tensor([2.0, -1.0])
+    # 8 policy tokens, rho .2 -> ceil(1.6) = 2 kept: 0.9 and 0.8 (the masked 5.0 does not count)
+    out = top_entropy_advantages(adv, entropy, mask, rho=0.2)
+    assert out.tolist() == [[0, 2.0, 0, 0, 0], [-1.0, 0, 0, 0, 0]]
+    all_kept = top_entropy_advantages(adv, entropy, mask, rho=1.0)
+    assert torch.equal(all_kept, adv[:, None] * mask)
+
+
+def test_rlsd_by_hand() -> None:
+    student = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -2.0, -1.0]])
+    teacher = torch.tensor([[-0.5, -3.0, -0.9], [-0.5, -3.0, -0.9]])
+    adv = torch.tensor([1.0, -1.0])
+    out = rlsd_advantages(adv, student, teacher, torch.tensor([[1, 1, 1], [1, 1, 0.0]]))
+    inside = 0.5 + 0.5 * math.exp(0.1)
+    assert out[0].tolist() == pytest.approx([1.1, 0.9, inside])
+    # A < 0: the ratio uses exp(-gap), and the masked token is 0
+    assert out[1].tolist() == pytest.approx([-0.9, -1.1, 0.0])
+
+
+def synthetic_batch(rows: int = 8, length: int = 10) -> CreditBatch:
+    generator = torch.Generator().manual_seed(1)
+    mask = torch.ones(rows, length)
+    mask[0, 3:5] = 0
+    mask[1, 7:] = 0
+    student = -torch.rand(rows, length, generator=generator) * 3
+    return CreditBatch(
+        rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])[:rows],
+        group_ids=[i // 4 for i in range(rows)],
+        mask=mask,
+        divergence=torch.rand(rows, length, generator=generator),
+        entropy=torch.rand(rows, length, generator=generator) * 2,
+        student_logprobs=student,
+        teacher_logprobs=student + torch.randn(rows, length, generator=generator) * 0.3,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_every_estimator_runs_through_the_registry(name: str) -> None:
+    batch = synthetic_batch()
+    out = get_estimator(name)(batch)
+    assert out.shape == batch.mask.shape
+    assert torch.isfinite(out).all()
+    assert (out[batch.mask == 0] == 0).all()
+    advantages = grpo_advantages(batch.rewards, batch.group_ids,
+                                 norm_by_std=name != "dr_grpo")
+    # every method keeps the trajectory's sign on its tokens
+    assert ((out * advantages[:, None]) >= 0).all()
+
+
+def test_registry_matches_the_direct_calls() -> None:
+    batch = synthetic_batch()
+    advantages = grpo_advantages(batch.rewards, batch.group_ids)
+    assert torch.equal(get_estimator("grpo")(batch), advantages[:, None] * batch.mask)
+    for name, segmentation in [("gear", "kl_entropy"), ("gear_token_kl", "none"),
+                               ("gear_kl_only", "kl_only"),
+                               ("gear_entropy_only", "entropy_only"),
+                               ("gear_entropy_window", "entropy_window")]:
+        config = GEARConfig(segmentation=segmentation, alpha=0.8)
+        direct = gear_advantages(advantages, batch.divergence, batch.entropy, batch.mask, config)
+        estimator = get_estimator(name)
+        assert torch.equal(estimator(batch, estimator.make_config(alpha=0.8)), direct)
+
+
+def test_pinned_fields_cannot_be_contradicted() -> None:
+    estimator = get_estimator("gear_kl_only")
+    assert estimator.make_config().segmentation == "kl_only"
+    with pytest.raises(ValueError, match="pins segmentation='kl_only'"):
+        estimator.make_config(segmentation="none")
+    with pytest.raises(ValueError, match="pins segmentation='kl_only'"):
+        estimator(synthetic_batch(), GEARConfig())
+    with pytest.raises(ValueError, match="has no config field"):
+        get_estimator("grpo").make_config(alpha=1.0)
+    with pytest.raises(ValueError, match="takes a GEARConfig"):
+        get_estimator("gear")(synthetic_batch(), get_estimator("grpo").make_config())
+    assert get_estimator("gear").make_config(segmentation="none").segmentation == "none"
+    assert get_estimator("dr_grpo").make_config().norm_by_std is False
