@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
-        print(f"gear-rl: unknown command {command!r}; choose from {sorted(COMMANDS)}", file=sys.stderr)
+        print(f"gear-rl: unknown command {command!r}; choose from {sorted(COMMANDS)}",
+              file=sys.stderr)
         return 2
     return COMMANDS[command](rest)
 
