@@ -102,7 +102,8 @@ def main() -> None:
         print(f"{name:<26}{seconds * 1e3:>10.1f}{seconds / base:>15.2f}{vs_verl}")
     if verl:
         ratio = timings["gear[kl_entropy]"] / verl
-        print(f"GEAR / verl GRPO = {ratio:.2f} (goal <= 1.5): {'met' if ratio <= 1.5 else 'NOT met'}")
+        verdict = "met" if ratio <= 1.5 else "NOT met"
+        print(f"GEAR / verl GRPO = {ratio:.2f} (goal <= 1.5): {verdict}")
 
 
 if __name__ == "__main__":
