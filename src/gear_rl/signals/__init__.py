@@ -1,0 +1,33 @@
+"""Per-token signals from a causal LM for GEAR (arXiv 2605.11853) and the token-level baselines.
+
+``token_signals(model, prompt_ids, teacher_prompt_ids, response_ids, ...)`` returns
+:class:`TokenSignals` (student/teacher log-probs, entropy, reverse KL, mask; each ``[B, T]``),
+computed chunk by chunk over the LM head. ``teacher.py`` builds the ground-truth-conditioned
+teacher prompts.
+"""
+
+from gear_rl.signals.divergence import (
+    ESTIMATORS,
+    TokenSignals,
+    default_chunk_size,
+    token_signals,
+)
+from gear_rl.signals.teacher import (
+    TeacherPromptConfig,
+    build_prompt_pairs,
+    prompt_ids,
+    teacher_messages,
+    teacher_prompt_ids,
+)
+
+__all__ = [
+    "ESTIMATORS",
+    "TeacherPromptConfig",
+    "TokenSignals",
+    "build_prompt_pairs",
+    "default_chunk_size",
+    "prompt_ids",
+    "teacher_messages",
+    "teacher_prompt_ids",
+    "token_signals",
+]

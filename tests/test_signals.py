@@ -1,0 +1,267 @@
+"""token_signals against a naive computation: separate unpadded forwards per example, the full
+[L, V] logits, log-softmax in float64, indexing by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gear_rl.models import tiny_random_model
+from gear_rl.signals import ESTIMATORS, TokenSignals, default_chunk_size, token_signals
+
+# Within 1e-5, absolutely or relatively: k3 = r - 1 - log r grows like exp(log-prob gap), and
+# float32 log-probs (about 1e-6 off the float64 reference) put a large k3 off by ~1e-6 of itself.
+ATOL = RTOL = 1e-5
+
+# A ragged batch: prompt, teacher prompt and response lengths all differ, one prompt is a single
+# token, one response is a single token, one response has an observation span (mask 0) inside.
+PROMPT_LENGTHS = (3, 11, 1, 7)
+TEACHER_LENGTHS = (9, 4, 2, 15)
+RESPONSE_LENGTHS = (6, 13, 1, 9)
+OBSERVATION = (1, slice(3, 7))  # example 1, response positions 3..6
+
+
+def _batch(vocab: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+    prompts = [ids(n) for n in PROMPT_LENGTHS]
+    # Teacher prompts share a prefix with the student's, like a real hint would.
+    teachers = [(p + ids(n))[:n] if n > len(p) else ids(n)
+                for p, n in zip(prompts, TEACHER_LENGTHS, strict=True)]
+    responses = [ids(n) for n in RESPONSE_LENGTHS]
+    mask = [[1] * n for n in RESPONSE_LENGTHS]
+    b, span = OBSERVATION
+    for t in range(span.start, span.stop):
+        mask[b][t] = 0
+    return prompts, teachers, responses, mask
+
+
+def naive_signals(model, prompts, teachers, responses, mask, *, temperature=1.0, topk=5,
+                  grad=False):
+    """The obvious computation, one example at a time, in float64 after the LM head.
+
+    Returns ``[B, T]`` float64 tensors: student, teacher, entropy, and one divergence per
+    estimator (``full``, ``topk`` over the student's ``topk`` most likely tokens, ``k1``, ``k3``).
+    """
+    names = ("student", "teacher", "entropy", *ESTIMATORS)
+    batch, length = len(responses), max(len(r) for r in responses)
+    zero = torch.zeros((), dtype=torch.float64)
+    rows = {name: [[zero] * length for _ in range(batch)] for name in names}
+    for b in range(batch):
+        with torch.set_grad_enabled(grad):
+            student_logits = model(torch.tensor([prompts[b] + responses[b]])).logits[0]
+        with torch.no_grad():
+            teacher_logits = model(torch.tensor([teachers[b] + responses[b]])).logits[0]
+        student = torch.log_softmax(student_logits.double() / temperature, -1)
+        teacher = torch.log_softmax(teacher_logits.double() / temperature, -1)
+        for t, token in enumerate(responses[b]):
+            if not mask[b][t]:
+                continue
+            s = student[len(prompts[b]) + t - 1]  # the distribution that predicted token t
+            q = teacher[len(teachers[b]) + t - 1]
+            rows["student"][b][t] = s[token]
+            rows["teacher"][b][t] = q[token]
+            rows["entropy"][b][t] = -(s.exp() * s).sum()
+            rows["full"][b][t] = (s.exp() * (s - q)).sum()
+            index = torch.topk(s, topk).indices
+            s_top = s[index] - s[index].logsumexp(0)
+            q_top = q[index] - q[index].logsumexp(0)
+            rows["topk"][b][t] = (s_top.exp() * (s_top - q_top)).sum()
+            rows["k1"][b][t] = s[token] - q[token]
+            log_ratio = q[token] - s[token]
+            rows["k3"][b][t] = log_ratio.exp() - 1 - log_ratio
+    return {name: torch.stack([torch.stack(row) for row in value])
+            for name, value in rows.items()}
+
+
+def _model(arch: str, **kwargs):
+    # initializer_range 0.3: peaked, far-from-uniform distributions, so that an off-by-one
+    # position or a wrong normalisation shows up far above the tolerance.
+    defaults = dict(vocab_size=301, initializer_range=0.3, seed=1)
+    return tiny_random_model(arch, **{**defaults, **kwargs})
+
+
+def _assert_matches(sig: TokenSignals, ref: dict, mask: list[list[int]], estimator: str):
+    expected_mask = torch.zeros_like(sig.mask)
+    for b, row in enumerate(mask):
+        expected_mask[b, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    assert torch.equal(sig.mask, expected_mask)
+    for field, name in [("student_logprobs", "student"), ("teacher_logprobs", "teacher"),
+                        ("entropy", "entropy"), ("divergence", estimator)]:
+        got = getattr(sig, field)
+        assert got.dtype == torch.float32 and got.shape == sig.mask.shape, field
+        torch.testing.assert_close(got.double(), ref[name].detach(), atol=ATOL, rtol=RTOL,
+                                   msg=lambda m, f=field: f"{f}: {m}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_matches_naive_forwards(arch):
+    model = _model(arch)
+    prompts, teachers, responses, mask = _batch(301)
+    ref = naive_signals(model, prompts, teachers, responses, mask, temperature=0.7, topk=17)
+    for estimator in ESTIMATORS:
+        sig = token_signals(model, prompts, teachers, responses, temperature=0.7,
+                            estimator=estimator, topk=17 if estimator == "topk" else None,
+                            response_mask=mask, chunk_size=5)
+        _assert_matches(sig, ref, mask, estimator)
+        # The check has teeth: the signals are far from trivial.
+        assert sig.divergence.abs().max() > 0.05, estimator
+        assert sig.entropy.max() > 0.1
+
+
+def test_tied_embeddings_default_chunk_and_tensor_mask():
+    model = _model("llama", tie_word_embeddings=True)
+    prompts, teachers, responses, mask = _batch(301, seed=3)
+    length = max(RESPONSE_LENGTHS)
+    tensor_mask = torch.zeros(len(mask), length, dtype=torch.long)
+    for b, row in enumerate(mask):
+        tensor_mask[b, : len(row)] = torch.tensor(row)
+    tensor_mask[0, -1] = 1  # past response 0's end: ignored
+    sig = token_signals(model, prompts, teachers, responses, response_mask=tensor_mask)
+    ref = naive_signals(model, prompts, teachers, responses, mask)
+    _assert_matches(sig, ref, mask, "full")
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 64, 10_000])
+def test_chunk_size_does_not_change_results(chunk_size):
+    model = _model("qwen3")
+    prompts, teachers, responses, mask = _batch(301, seed=5)
+    base = token_signals(model, prompts, teachers, responses, response_mask=mask)
+    sig = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                        chunk_size=chunk_size)
+    for field in ("student_logprobs", "teacher_logprobs", "entropy", "divergence", "mask"):
+        torch.testing.assert_close(getattr(sig, field), getattr(base, field), atol=1e-5, rtol=0)
+
+
+def test_observation_tokens_stay_in_context():
+    """An observation token is zero in the output but still conditions the tokens after it."""
+    model = _model("llama")
+    prompts, teachers, responses, mask = _batch(301, seed=7)
+    b, span = OBSERVATION
+    changed = [list(r) for r in responses]
+    changed[b][span.start] = (changed[b][span.start] + 1) % 301
+    one = token_signals(model, prompts, teachers, responses, response_mask=mask)
+    two = token_signals(model, prompts, teachers, changed, response_mask=mask)
+    assert torch.all(one.student_logprobs[b, span] == 0)
+    assert torch.all(one.divergence[b, span] == 0)
+    after = slice(span.stop, RESPONSE_LENGTHS[b])
+    assert not torch.allclose(one.student_logprobs[b, after], two.student_logprobs[b, after])
+    others = [i for i in range(len(responses)) if i != b]
+    torch.testing.assert_close(one.student_logprobs[others], two.student_logprobs[others],
+                               atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_k3_nonnegative_and_full_kl_zero_for_identical_prompts(seed):
+    model = _model("qwen3", initializer_range=1.0, seed=seed)
+    prompts, teachers, responses, _mask = _batch(301, seed=seed)
+    k3 = token_signals(model, prompts, teachers, responses, estimator="k3", temperature=0.3)
+    assert torch.all(k3.divergence >= 0)
+    assert k3.divergence.max() > 0
+    for estimator, topk in [("full", None), ("topk", 5), ("k1", None), ("k3", None)]:
+        same = token_signals(model, prompts, prompts, responses, estimator=estimator, topk=topk)
+        torch.testing.assert_close(same.divergence, torch.zeros_like(same.divergence),
+                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(same.student_logprobs, same.teacher_logprobs,
+                                   atol=1e-6, rtol=0)
+
+
+def test_topk_with_whole_vocabulary_equals_full():
+    model = _model("llama")
+    prompts, teachers, responses, _mask = _batch(301, seed=11)
+    full = token_signals(model, prompts, teachers, responses, estimator="full")
+    topk = token_signals(model, prompts, teachers, responses, estimator="topk", topk=301)
+    torch.testing.assert_close(topk.divergence, full.divergence, atol=1e-5, rtol=0)
+
+
+def test_student_gradients_match_naive():
+    torch.manual_seed(0)
+    model = _model("qwen2", num_layers=1)
+    prompts, teachers, responses, mask = _batch(301, seed=13)
+    sig = token_signals(model, prompts, teachers, responses, response_mask=mask, chunk_size=4,
+                        student_requires_grad=True)
+    assert sig.student_logprobs.requires_grad and sig.divergence.requires_grad
+    assert not sig.teacher_logprobs.requires_grad
+    weights = torch.rand(sig.mask.shape)  # a generic loss, so every field's gradient counts
+    loss = ((sig.student_logprobs + 0.5 * sig.entropy + 2 * sig.divergence) * weights).sum()
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+
+    ref = naive_signals(model, prompts, teachers, responses, mask, grad=True)
+    ref_loss = ((ref["student"] + 0.5 * ref["entropy"] + 2 * ref["full"])
+                * weights.double()).sum()
+    ref_grads = torch.autograd.grad(ref_loss, list(model.parameters()))
+    for (name, _), got, want in zip(model.named_parameters(), grads, ref_grads, strict=True):
+        torch.testing.assert_close(got, want.float(), atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+    assert any(g.abs().max() > 1e-3 for g in grads)
+
+
+def test_no_grad_by_default():
+    model = _model("llama")
+    prompts, teachers, responses, _mask = _batch(301)
+    sig = token_signals(model, prompts, teachers, responses)
+    assert not any(getattr(sig, f).requires_grad
+                   for f in ("student_logprobs", "entropy", "divergence"))
+
+
+def test_bfloat16_model_close_to_float32():
+    prompts, teachers, responses, mask = _batch(301, seed=17)
+    fp32 = token_signals(_model("qwen3"), prompts, teachers, responses, response_mask=mask)
+    bf16 = token_signals(_model("qwen3", dtype=torch.bfloat16), prompts, teachers, responses,
+                         response_mask=mask)
+    for field in ("student_logprobs", "teacher_logprobs", "entropy", "divergence"):
+        value = getattr(bf16, field)
+        assert value.dtype == torch.float32 and torch.isfinite(value).all()
+        # bf16 weights and activations: about 3 significant digits, so a loose tolerance.
+        torch.testing.assert_close(value, getattr(fp32, field), atol=0.15, rtol=0.05)
+
+
+def test_default_chunk_size():
+    assert default_chunk_size(49_152) == 170
+    assert default_chunk_size(301) == 4096
+    assert default_chunk_size(10**9) == 16
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+def _bad_calls():
+    p, t, r = [[1, 2], [3]], [[4], [5, 6]], [[7, 8], [9]]
+    return [
+        (dict(teacher_prompt_ids=[[1]]), "teacher_prompt_ids has 1 entries"),
+        (dict(response_ids=[[1], [2], [3]]), "response_ids has 3 entries"),
+        (dict(prompt_ids=[], teacher_prompt_ids=[], response_ids=[]), "prompt_ids is empty"),
+        (dict(response_ids=[[7, 8], []]), r"response_ids\[1\] is empty"),
+        (dict(prompt_ids=[[], [3]]), r"prompt_ids\[0\] is empty"),
+        (dict(prompt_ids="abc"), "prompt_ids must be a list"),
+        (dict(response_ids=[[7, 8.5], [9]]), r"response_ids\[0\] must contain ints"),
+        (dict(response_ids=[[7, 301], [9]]), r"response_ids\[0\] has token ids outside"),
+        (dict(teacher_prompt_ids=[[-1], [5]]), r"teacher_prompt_ids\[0\] has token ids outside"),
+        (dict(response_mask=[[1, 1]]), "response_mask has 1 entries"),
+        (dict(response_mask=[[1, 1], [1, 0]]), r"response_mask\[1\] must have 1 entries"),
+        (dict(response_mask=[[1, 2], [1]]), r"response_mask\[0\] must contain only 0 and 1"),
+        (dict(response_mask=torch.ones(2, 3)), "response_mask has shape"),
+        (dict(temperature=float("nan")), "temperature must be finite"),
+        (dict(temperature=float("inf")), "temperature must be finite"),
+        (dict(temperature=0.0), "temperature must be finite and > 0"),
+        (dict(estimator="kl"), "estimator must be one of"),
+        (dict(estimator="topk"), "topk must be an int"),
+        (dict(estimator="topk", topk=0), "topk must be an int"),
+        (dict(estimator="topk", topk=302), "topk must be an int"),
+        (dict(estimator="full", topk=5), "topk is only used with estimator='topk'"),
+        (dict(chunk_size=0), "chunk_size must be a positive int"),
+    ], dict(prompt_ids=p, teacher_prompt_ids=t, response_ids=r)
+
+
+@pytest.mark.parametrize("index", range(len(_bad_calls()[0])))
+def test_bad_input_raises_value_error_naming_the_argument(index):
+    model = _model("llama", num_layers=1)
+    cases, base = _bad_calls()
+    overrides, message = cases[index]
+    kwargs = {**base, **overrides}
+    with pytest.raises(ValueError, match=message):
+        token_signals(model, kwargs.pop("prompt_ids"), kwargs.pop("teacher_prompt_ids"),
+                      kwargs.pop("response_ids"), **kwargs)
