@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from gear_rl.models import tiny_random_model
-from gear_rl.signals import ESTIMATORS, TokenSignals, default_chunk_size, token_signals
+from gear_rl.signals import (
+    ESTIMATORS,
+    TokenSignals,
+    default_chunk_size,
+    response_logprobs,
+    token_signals,
+)
 
 # Within 1e-5, absolutely or relatively: k3 = r - 1 - log r grows like exp(log-prob gap), and
 # float32 log-probs (about 1e-6 off the float64 reference) put a large k3 off by ~1e-6 of itself.
@@ -197,6 +203,34 @@ def test_student_gradients_match_naive():
         torch.testing.assert_close(got, want.float(), atol=2e-5, rtol=1e-4,
                                    msg=lambda m, n=name: f"{n}: {m}")
     assert any(g.abs().max() > 1e-3 for g in grads)
+
+
+def test_response_logprobs_is_each_side_alone():
+    model = _model("qwen3")
+    prompts, teachers, responses, mask = _batch(301, seed=19)
+    ref = naive_signals(model, prompts, teachers, responses, mask, temperature=1.3)
+    student = response_logprobs(model, prompts, responses, temperature=1.3, response_mask=mask,
+                                chunk_size=6)
+    teacher = response_logprobs(model, teachers, responses, temperature=1.3, response_mask=mask)
+    torch.testing.assert_close(student.logprobs.double(), ref["student"], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(student.entropy.double(), ref["entropy"], atol=ATOL, rtol=RTOL)
+    torch.testing.assert_close(teacher.logprobs.double(), ref["teacher"], atol=ATOL, rtol=RTOL)
+    assert torch.equal(student.mask, teacher.mask)
+    assert not student.logprobs.requires_grad
+    grad = response_logprobs(model, prompts, responses, response_mask=mask, requires_grad=True)
+    assert grad.logprobs.requires_grad and grad.entropy.requires_grad
+    with pytest.raises(ValueError, match="response_ids has 3 entries but prompt_ids has 4"):
+        response_logprobs(model, prompts, responses[:3])
+
+
+def test_fully_masked_rows_are_zero():
+    model = _model("llama")
+    prompts, teachers, responses, _mask = _batch(301)
+    nothing = [[0] * len(r) for r in responses]
+    sig = token_signals(model, prompts, teachers, responses, response_mask=nothing,
+                        student_requires_grad=True)
+    assert sig.mask.sum() == 0 and torch.all(sig.divergence == 0)
+    assert sig.student_logprobs.shape == (4, max(RESPONSE_LENGTHS))
 
 
 def test_no_grad_by_default():

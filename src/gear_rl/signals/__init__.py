@@ -2,14 +2,17 @@
 
 ``token_signals(model, prompt_ids, teacher_prompt_ids, response_ids, ...)`` returns
 :class:`TokenSignals` (student/teacher log-probs, entropy, reverse KL, mask; each ``[B, T]``),
-computed chunk by chunk over the LM head. ``teacher.py`` builds the ground-truth-conditioned
+computed chunk by chunk over the LM head; ``response_logprobs`` is its one-prompt half (policy
+log-probs and entropy, e.g. for the policy loss). ``teacher.py`` builds the ground-truth-conditioned
 teacher prompts.
 """
 
 from gear_rl.signals.divergence import (
     ESTIMATORS,
+    ResponseScores,
     TokenSignals,
     default_chunk_size,
+    response_logprobs,
     token_signals,
 )
 from gear_rl.signals.teacher import (
@@ -22,11 +25,13 @@ from gear_rl.signals.teacher import (
 
 __all__ = [
     "ESTIMATORS",
+    "ResponseScores",
     "TeacherPromptConfig",
     "TokenSignals",
     "build_prompt_pairs",
     "default_chunk_size",
     "prompt_ids",
+    "response_logprobs",
     "teacher_messages",
     "teacher_prompt_ids",
     "token_signals",

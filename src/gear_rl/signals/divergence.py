@@ -26,7 +26,7 @@ recomputes its logits instead of keeping them, which holds the same bound during
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -107,26 +107,14 @@ def token_signals(
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
     """
-    head = model.get_output_embeddings()
-    backbone = model.base_model
-    if not isinstance(head, nn.Linear) or backbone is model:
-        raise ValueError(
-            "model must be a causal LM with a backbone (model.base_model) and a linear LM head "
-            f"(model.get_output_embeddings()); got {type(model).__name__}"
-        )
-    for attribute in ("final_logit_softcapping", "logit_scale"):
-        if getattr(model.config, attribute, None) not in (None, 1.0):
-            raise NotImplementedError(
-                f"models with config.{attribute} transform the LM head's output; the chunked "
-                "pass does not apply that transform yet"
-            )
+    backbone, head = _model_parts(model)
     vocab_size = head.out_features
-    embedding_rows = model.get_input_embeddings().num_embeddings
-    batch = _batch_size(prompt_ids, teacher_prompt_ids, response_ids)
-    students = _id_lists("prompt_ids", prompt_ids, embedding_rows)
-    teachers = _id_lists("teacher_prompt_ids", teacher_prompt_ids, embedding_rows)
-    responses = _id_lists("response_ids", response_ids, embedding_rows)
-    policy = _policy_mask(response_mask, responses)
+    _batch_size(prompt_ids=prompt_ids, teacher_prompt_ids=teacher_prompt_ids,
+                response_ids=response_ids)
+    students = _id_lists("prompt_ids", prompt_ids, model)
+    teachers = _id_lists("teacher_prompt_ids", teacher_prompt_ids, model)
+    responses = _id_lists("response_ids", response_ids, model)
+    rows = _Rows(_policy_mask(response_mask, responses), responses, head.weight.device)
     temperature = _check_temperature(temperature)
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
@@ -137,52 +125,129 @@ def token_signals(
             )
     elif topk is not None:
         raise ValueError(f"topk is only used with estimator='topk', got topk={topk!r}")
-    if chunk_size is None:
-        chunk_size = default_chunk_size(vocab_size)
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-
-    device = head.weight.device
-    max_len = max(len(r) for r in responses)
-    # Packed rows: one per trained response token, in (b, t) order.
-    rows_b, rows_t = [], []
-    for b in range(batch):
-        for t, keep in enumerate(policy[b]):
-            if keep:
-                rows_b.append(b)
-                rows_t.append(t)
-    out_index = torch.tensor([b * max_len + t for b, t in zip(rows_b, rows_t, strict=True)],
-                             dtype=torch.long, device=device)
-    targets = torch.tensor([responses[b][t] for b, t in zip(rows_b, rows_t, strict=True)],
-                           dtype=torch.long, device=device)
+    chunk_size = _check_chunk_size(chunk_size, vocab_size)
 
     with torch.no_grad():
-        teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows_b, rows_t, device)
+        teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows)
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
-        student_hidden = _predicting_hidden(backbone, students, responses, rows_b, rows_t, device)
-        columns = [[], [], [], []]
-        for start in range(0, targets.numel(), chunk_size):
-            piece = slice(start, start + chunk_size)
-            args = (head, student_hidden[piece], teacher_hidden[piece], targets[piece],
-                    temperature, estimator, topk)
-            if student_requires_grad:
-                values = checkpoint(_chunk_signals, *args, use_reentrant=False)
-            else:
-                values = _chunk_signals(*args)
-            for column, value in zip(columns, values, strict=True):
-                column.append(value)
-        fields = [_scatter(column, out_index, batch, max_len, device) for column in columns]
-
-    mask = torch.zeros(batch * max_len, dtype=torch.float32, device=device)
-    mask[out_index] = 1.0
-    student_logprobs, teacher_logprobs, entropy, divergence = fields
+        student_hidden = _predicting_hidden(backbone, students, responses, rows)
+        student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
+            _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
+            (temperature, estimator, topk), chunk_size, student_requires_grad,
+        )
     return TokenSignals(
         student_logprobs=student_logprobs,
         teacher_logprobs=teacher_logprobs.detach(),
         entropy=entropy,
         divergence=divergence,
-        mask=mask.view(batch, max_len),
+        mask=rows.mask(),
     )
+
+
+@dataclass
+class ResponseScores:
+    """Per-token scores of responses under one prompt each, ``[B, T]`` float32, right-padded.
+
+    Attributes:
+        logprobs: ``[B, T]`` ``log pi(a_t | prompt, a_<t)`` at the given temperature.
+        entropy: ``[B, T]`` entropy of that distribution in nats.
+        mask: ``[B, T]`` 1.0 on scored response tokens, 0.0 on padding and observations.
+    """
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    mask: torch.Tensor
+
+
+def response_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    *,
+    temperature: float = 1.0,
+    response_mask: Sequence[Sequence[int]] | torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    requires_grad: bool = False,
+) -> ResponseScores:
+    """One side of :func:`token_signals`: the sampled tokens' log-probs and the entropy of
+    ``B`` responses after their prompts, with the same alignment, chunking, checks and memory
+    bound. For a policy-gradient loss (``requires_grad=True``), for old/reference log-probs, or
+    for the teacher pass alone.
+
+    Args and shapes as in :func:`token_signals` (``requires_grad`` is its
+    ``student_requires_grad``). Returns :class:`ResponseScores`.
+    """
+    backbone, head = _model_parts(model)
+    _batch_size(prompt_ids=prompt_ids, response_ids=response_ids)
+    prompts = _id_lists("prompt_ids", prompt_ids, model)
+    responses = _id_lists("response_ids", response_ids, model)
+    rows = _Rows(_policy_mask(response_mask, responses), responses, head.weight.device)
+    temperature = _check_temperature(temperature)
+    chunk_size = _check_chunk_size(chunk_size, head.out_features)
+    with torch.enable_grad() if requires_grad else torch.no_grad():
+        hidden = _predicting_hidden(backbone, prompts, responses, rows)
+        logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,), (temperature,),
+                                     chunk_size, requires_grad)
+    return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
+
+
+class _Rows:
+    """The packed rows: one per scored response token, in (example, position) order."""
+
+    def __init__(self, policy: list[list[bool]], responses: list[list[int]],
+                 device: torch.device) -> None:
+        self.batch, self.length = len(responses), max(len(r) for r in responses)
+        self.device = device
+        self.example = [b for b, row in enumerate(policy) for keep in row if keep]
+        self.position = [t for row in policy for t, keep in enumerate(row) if keep]
+        self.out_index = torch.tensor(
+            [b * self.length + t for b, t in zip(self.example, self.position, strict=True)],
+            dtype=torch.long, device=device,
+        )
+        self.targets = torch.tensor(
+            [responses[b][t] for b, t in zip(self.example, self.position, strict=True)],
+            dtype=torch.long, device=device,
+        )
+
+    def scatter(self, values: list[torch.Tensor]) -> torch.Tensor:
+        """Place packed ``[N]`` values into a zero ``[B, T]`` float32 tensor."""
+        packed = (torch.cat(values) if values
+                  else torch.zeros(0, dtype=torch.float32, device=self.device))
+        flat = packed.new_zeros(self.batch * self.length).index_copy(0, self.out_index, packed)
+        return flat.view(self.batch, self.length)
+
+    def mask(self) -> torch.Tensor:
+        mask = torch.zeros(self.batch * self.length, dtype=torch.float32, device=self.device)
+        mask[self.out_index] = 1.0
+        return mask.view(self.batch, self.length)
+
+
+def _chunked(fn: Callable[..., tuple[torch.Tensor, ...]], outputs: int, rows: _Rows,
+             head: nn.Linear, hidden: tuple[torch.Tensor, ...], options: tuple,
+             chunk_size: int, requires_grad: bool) -> list[torch.Tensor]:
+    """Run ``fn(head, *(h[chunk] for h in hidden), targets[chunk], *options)`` over chunks of the
+    packed rows and scatter each of its ``outputs`` ``[C]`` results into a ``[B, T]`` tensor.
+    With gradients, each chunk is checkpointed: backward recomputes the chunk's ``[C, V]``
+    buffers instead of keeping every chunk's alive until then."""
+    columns: list[list[torch.Tensor]] = [[] for _ in range(outputs)]
+    for start in range(0, rows.targets.numel(), chunk_size):
+        piece = slice(start, start + chunk_size)
+        args = (head, *(h[piece] for h in hidden), rows.targets[piece], *options)
+        if requires_grad:
+            values = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            values = fn(*args)
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return [rows.scatter(column) for column in columns]
+
+
+def _chunk_scores(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
+                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` ``[C]`` and entropy ``[C]`` from hidden states ``[C, H]``."""
+    logprobs = _log_softmax(head(hidden), temperature)  # [C, V]
+    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    return logprobs.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
 def _chunk_signals(
@@ -229,64 +294,80 @@ def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def _predicting_hidden(
-    backbone: nn.Module,
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    rows_b: list[int],
-    rows_t: list[int],
-    device: torch.device,
-) -> torch.Tensor:
+def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
+                       responses: list[list[int]], rows: _Rows) -> torch.Tensor:
     """Final hidden states ``[N, H]`` at the positions that predict each packed response token.
 
     Runs the backbone on ``prompt + response`` for every example, right-padded, positions
-    ``0..len-1`` per row. Row ``n`` is example ``rows_b[n]``'s position ``P + rows_t[n] - 1``.
+    ``0..len-1`` per row. Packed row ``n`` is example ``b``'s position ``P_b + t - 1``.
     """
     sequences = [p + r for p, r in zip(prompts, responses, strict=True)]
     batch, length = len(sequences), max(len(s) for s in sequences)
     input_ids = torch.zeros(batch, length, dtype=torch.long)
     for b, sequence in enumerate(sequences):
         input_ids[b, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-    input_ids = input_ids.to(device)
-    position_ids = torch.arange(length, device=device).expand(batch, length)
+    input_ids = input_ids.to(rows.device)
+    position_ids = torch.arange(length, device=rows.device).expand(batch, length)
     hidden = backbone(
         input_ids=input_ids, position_ids=position_ids, use_cache=False
     ).last_hidden_state  # [B, L, H]
     flat = torch.tensor(
-        [b * length + len(prompts[b]) + t - 1 for b, t in zip(rows_b, rows_t, strict=True)],
-        dtype=torch.long, device=device,
+        [b * length + len(prompts[b]) + t - 1
+         for b, t in zip(rows.example, rows.position, strict=True)],
+        dtype=torch.long, device=rows.device,
     )
     return hidden.reshape(batch * length, -1).index_select(0, flat)
-
-
-def _scatter(values: list[torch.Tensor], index: torch.Tensor, batch: int, length: int,
-             device: torch.device) -> torch.Tensor:
-    """Place packed ``[N]`` values at flat ``index`` of a zero ``[B, T]`` fp32 tensor."""
-    packed = torch.cat(values) if values else torch.zeros(0, dtype=torch.float32, device=device)
-    return packed.new_zeros(batch * length).index_copy(0, index, packed).view(batch, length)
 
 
 # ---------------------------------------------------------------------------------------------
 # Input checks: every failure is a ValueError naming the argument.
 
 
-def _batch_size(*lists: object) -> int:
-    names = ("prompt_ids", "teacher_prompt_ids", "response_ids")
-    sizes = []
-    for name, value in zip(names, lists, strict=True):
+def _batch_size(**lists: object) -> int:
+    """All arguments must be lists of the same, non-zero number of token id lists."""
+    sizes = {}
+    for name, value in lists.items():
         if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
             raise ValueError(f"{name} must be a list of B token id lists, got "
                              f"{type(value).__name__}")
-        sizes.append(len(value))
-    if sizes[0] == 0:
-        raise ValueError("prompt_ids is empty: the batch needs at least one example")
-    for name, size in zip(names[1:], sizes[1:], strict=True):
-        if size != sizes[0]:
-            raise ValueError(f"{name} has {size} entries but prompt_ids has {sizes[0]}")
-    return sizes[0]
+        sizes[name] = len(value)
+    first, size = next(iter(sizes.items()))
+    if size == 0:
+        raise ValueError(f"{first} is empty: the batch needs at least one example")
+    for name, other in sizes.items():
+        if other != size:
+            raise ValueError(f"{name} has {other} entries but {first} has {size}")
+    return size
 
 
-def _id_lists(name: str, value: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+def _model_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.Linear]:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    backbone = getattr(model, "base_model", model)
+    if not isinstance(head, nn.Linear) or backbone is model:
+        raise ValueError(
+            "model must be a causal LM with a backbone (model.base_model) and a linear LM head "
+            f"(model.get_output_embeddings()); got {type(model).__name__}"
+        )
+    for attribute in ("final_logit_softcapping", "logit_scale"):
+        if getattr(model.config, attribute, None) not in (None, 1.0):
+            raise NotImplementedError(
+                f"models with config.{attribute} transform the LM head's output; the chunked "
+                "pass does not apply that transform yet"
+            )
+    return backbone, head
+
+
+def _check_chunk_size(chunk_size: object, vocab_size: int) -> int:
+    if chunk_size is None:
+        return default_chunk_size(vocab_size)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    return chunk_size
+
+
+def _id_lists(name: str, value: Sequence[Sequence[int]],
+              model: PreTrainedModel) -> list[list[int]]:
+    vocab_size = model.get_input_embeddings().num_embeddings
     out = []
     for i, ids in enumerate(value):
         if isinstance(ids, torch.Tensor):
