@@ -1,0 +1,1 @@
+"""Agent rollouts: multi-turn generation with tool calls and observation masks."""

@@ -1,0 +1,912 @@
+"""One warm worker of :class:`gear_rl.agent.tools.PythonSandbox`.
+
+Run as ``python -I _sandbox_worker.py`` by the pool, never imported by it: this file uses the
+standard library only and must not import torch or gear_rl, so that the process stays small and
+``fork`` stays cheap. It speaks newline-delimited JSON on its stdin/stdout (the pool's pipes).
+
+Lifecycle:
+
+1. The first message is the configuration. The worker isolates itself once (see ``isolate``):
+   new network, mount and IPC namespaces; private mounts; fresh size-limited tmpfs over the
+   world-writable directories and ``/run``; a fresh ``/proc`` that hides other users' processes;
+   every other mount remounted read-only and nosuid. Where the OS refuses (not root) it falls back
+   to a user namespace, and where that fails too, to no namespaces; it reports what it got.
+2. Per execution it forks a child that starts a new session, gets a fresh scratch directory (its
+   only writable place, also its cwd, HOME and TMPDIR), resource limits, ``no_new_privs``, a
+   distinct unprivileged uid/gid, a seccomp filter, and then ``exec``s the code in a fresh globals
+   dict. The worker reads the child's stdout/stderr with a size cap and enforces the wall-time
+   limit.
+3. After every execution, however it ended, everything the code started is killed: the process
+   group, then (root mode) a reaper child that takes the sandbox uid and calls
+   ``kill(-1, SIGKILL)`` (this reaches even ``setsid``'d grandchildren), then the worker, which is
+   a child subreaper, reaps until it has no children left. Scratch, tmpfs leftovers and SysV IPC
+   objects are wiped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import platform
+import resource
+import select
+import shutil
+import signal
+import struct
+import sys
+import time
+import traceback
+
+# --- Linux constants (stable kernel ABI) ---------------------------------------------------------
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWCGROUP = 0x02000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+# SECBIT_NOROOT | _LOCKED | SECBIT_NO_SETUID_FIXUP | _LOCKED | SECBIT_KEEP_CAPS_LOCKED
+# | SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED
+SECUREBITS_LOCKDOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+IPC_RMID = 0
+
+# /run is covered whole (it holds /run/lock and the host's service sockets).
+WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+STATUS_FD = 3
+# Bound here, before any sandboxed code runs: the code may overwrite ``os._exit`` or
+# ``json.dumps`` in its (forked) copy of these modules, and the child still has to report and exit.
+_exit = os._exit
+_write = os.write
+_getpid = os.getpid
+_dumps = json.dumps
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                        ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                        ctypes.c_ulong]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    _check(_libc.mount(source.encode() if source else None, target.encode(),
+                       fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None), f"mount {target}")
+
+
+def _prctl(option: int, arg: int = 0) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl({option})")
+
+
+# --- protocol ------------------------------------------------------------------------------------
+class Channel:
+    """Newline-delimited JSON over two file descriptors."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self._buffer = b""
+
+    def recv(self) -> dict | None:
+        while b"\n" not in self._buffer:
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            written = os.write(self.write_fd, data)
+            data = data[written:]
+
+
+# --- isolation (once per worker) -----------------------------------------------------------------
+def _mountinfo() -> list[tuple[str, list[str]]]:
+    """(mount point, per-mount options) for every mount, in mount order."""
+    mounts = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            mounts.append((point, fields[5].split(",")))
+    return mounts
+
+
+def _is_world_traversable(path: str) -> bool:
+    """True when an unprivileged, unrelated user can reach ``path`` (o+x on every ancestor)."""
+    current = "/"
+    for part in [p for p in path.split("/") if p]:
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return False
+        if not mode & 0o001:
+            return False
+        current = os.path.join(current, part)
+    return True
+
+
+def _expose_paths(paths: list[str], tmpfs_opts: str, staging_root: str) -> list[str]:
+    """Make interpreter directories readable after the uid drop without opening their parents.
+
+    Python may live under a private home (``/root/.pyenv/...`` behind a 0700 ``/root``). For each
+    such directory: bind it aside, cover the private ancestor with an empty tmpfs (which also hides
+    everything else in it), recreate the path inside and bind the directory back. Returns the
+    covered ancestors.
+    """
+    candidates = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+    blocked: list[str] = []
+    for path in candidates:
+        if _is_world_traversable(path):
+            continue
+        if not any(path.startswith(kept + "/") for kept in blocked):
+            blocked.append(path)
+    if not blocked:
+        return []
+    staging = os.path.join(staging_root, ".expose")
+    os.makedirs(staging, mode=0o700, exist_ok=True)
+    plan: dict[str, list[tuple[str, str]]] = {}
+    for index, path in enumerate(blocked):
+        ancestor = "/"
+        for part in [p for p in path.split("/") if p]:
+            if not os.stat(ancestor).st_mode & 0o001:
+                break
+            ancestor = os.path.join(ancestor, part)
+        held = os.path.join(staging, str(index))
+        os.mkdir(held)
+        _mount(path, held, None, MS_BIND | MS_REC)
+        plan.setdefault(ancestor, []).append((path, held))
+    for ancestor, items in plan.items():
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, f"{tmpfs_opts},mode=0755")
+        for path, held in items:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            _mount(held, path, None, MS_BIND | MS_REC)
+            _check(_libc.umount2(held.encode(), MNT_DETACH), f"umount {held}")
+    shutil.rmtree(staging, ignore_errors=True)
+    return sorted(plan)
+
+
+def _enter_user_namespace() -> None:
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    with open("/proc/self/setgroups", "w") as handle:
+        handle.write("deny")
+    with open("/proc/self/uid_map", "w") as handle:
+        handle.write(f"0 {uid} 1")
+    with open("/proc/self/gid_map", "w") as handle:
+        handle.write(f"0 {gid} 1")
+
+
+def isolate(config: dict) -> dict:
+    """Isolate this worker process; return what is actually enforced."""
+    iso: dict = {"mode": "none", "network": False, "mount_namespace": False,
+                 "ipc_namespace": False, "private_tmp": False, "readonly_fs": False,
+                 "proc_hidden": False, "uid_drop": False, "process_limit": False,
+                 "kill_all": "descendants", "no_new_privs": True, "seccomp": False,
+                 "hidden_dirs": [], "notes": []}
+    requested = config["isolation"]
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        iso["subreaper"] = True
+    except OSError as exc:
+        iso["subreaper"] = False
+        iso["notes"].append(str(exc))
+    mode = "none"
+    if requested == "auto" and os.geteuid() == 0:
+        try:
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+                   "unshare")
+            mode = "root"
+        except OSError as exc:
+            iso["notes"].append(f"root namespaces refused: {exc}")
+    if mode == "none" and requested in ("auto", "userns"):
+        try:
+            _enter_user_namespace()
+            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
+                   "unshare")
+            mode = "userns"
+        except OSError as exc:
+            iso["notes"].append(f"user namespace refused: {exc}")
+    iso["mode"] = mode
+    iso["uid_drop"] = mode == "root"
+    iso["kill_all"] = "uid" if mode == "root" else "descendants"
+    # RLIMIT_NPROC counts per user and user namespace: per worker in root mode (own uid) and in
+    # user-namespace mode (own namespace); without either it would count the whole account.
+    iso["process_limit"] = mode != "none"
+    if mode == "none":
+        import tempfile
+
+        iso["scratch_root"] = tempfile.mkdtemp(prefix="gear-sandbox-")
+        return iso
+    iso["network"] = iso["mount_namespace"] = iso["ipc_namespace"] = True
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    tmpfs_opts = f"size={config['tmpfs_mb']}m,nr_inodes={config['tmpfs_inodes']}"
+    ours = []
+    for directory in WRITABLE_DIRS:
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        # Only /dev/shm stays writable to the code (multiprocessing needs it); it is private
+        # and wiped after every execution like the scratch directory.
+        mode_bits = "1777" if directory == "/dev/shm" else "0755"
+        try:
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"{tmpfs_opts},mode={mode_bits}")
+            ours.append(directory)
+        except OSError as exc:
+            iso["notes"].append(str(exc))
+    iso["private_tmp"] = "/tmp" in ours
+    iso["private_dirs"] = ours
+    iso["scratch_root"] = "/tmp/gear-sandbox"
+    os.makedirs(iso["scratch_root"], mode=0o755, exist_ok=True)
+    if mode == "root":
+        python_dirs = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+                       os.path.dirname(os.path.realpath(sys.executable)), *sys.path]
+        try:
+            iso["hidden_dirs"] = _expose_paths(python_dirs, tmpfs_opts, iso["scratch_root"])
+        except OSError as exc:
+            iso["notes"].append(f"could not re-expose interpreter directories: {exc}")
+        try:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+            iso["proc_hidden"] = True
+        except OSError as exc:
+            iso["notes"].append(str(exc))
+    skip = set(ours)
+    failures = []
+    for point, options in _mountinfo():
+        if point in skip or point == "/proc" or point.startswith("/proc/"):
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
+        if "nodev" in options or not (point == "/dev" or point.startswith("/dev/")):
+            flags |= MS_NODEV
+        if "noexec" in options:
+            flags |= MS_NOEXEC
+        for option, bit in (("noatime", 1024), ("nodiratime", 2048), ("relatime", 1 << 21)):
+            if option in options:
+                flags |= bit
+        try:
+            _mount(None, point, None, flags)
+        except OSError as exc:
+            failures.append(str(exc))
+    iso["readonly_fs"] = not failures
+    if failures:
+        iso["notes"].append(f"{len(failures)} mounts stayed writable: {failures[:3]}")
+    return iso
+
+
+# --- seccomp -------------------------------------------------------------------------------------
+_SECCOMP_X86_64 = {
+    # mount / namespace / privilege / kernel-attack-surface syscalls no Python snippet needs
+    "ptrace": 101, "syslog": 103, "personality": 135, "vhangup": 153, "pivot_root": 155,
+    "chroot": 161, "acct": 163, "mount": 165, "umount2": 166, "swapon": 167, "swapoff": 168,
+    "reboot": 169, "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173,
+    "init_module": 175, "delete_module": 176, "quotactl": 179, "kexec_load": 246,
+    "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "finit_module": 313, "kexec_file_load": 320,
+    "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "pidfd_getfd": 438, "mount_setattr": 442,
+    # No new sockets of any family: the empty network namespace already cuts the network, and
+    # this also keeps the code away from Unix sockets that the host left world-writable.
+    # socketpair (53) stays allowed: asyncio and multiprocessing pipes use it.
+    "socket": 41,
+}
+_X86_64 = {"arch": 0xC000003E, "clone": 56, "clone3": 435, "x32_bit": 0x40000000}
+
+
+def _seccomp_program() -> bytes | None:
+    """A classic-BPF seccomp filter (x86_64 only): deny the syscalls above with EPERM, deny
+    ``clone`` with namespace flags, make ``clone3`` return ENOSYS (libc falls back to ``clone``,
+    whose flags can be checked), allow everything else."""
+    if platform.machine() != "x86_64":
+        return None
+    ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+    ns_flags = (CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID
+                | CLONE_NEWNET | CLONE_NEWCGROUP)
+    insns: list[tuple[int, int, int, int]] = [
+        (ld_abs, 0, 0, 4), (jeq, 1, 0, _X86_64["arch"]), (ret, 0, 0, kill),
+        (ld_abs, 0, 0, 0),
+        (0x35, 0, 1, _X86_64["x32_bit"]), (ret, 0, 0, eperm),  # jge: x32 ABI numbers
+    ]
+    for number in sorted(_SECCOMP_X86_64.values()):
+        insns += [(jeq, 0, 1, number), (ret, 0, 0, eperm)]
+    insns += [(jeq, 0, 1, _X86_64["clone3"]), (ret, 0, 0, enosys)]
+    # clone: inspect the low 32 bits of the flags argument
+    insns += [(jeq, 0, 4, _X86_64["clone"]), (ld_abs, 0, 0, 16), (jset, 0, 1, ns_flags),
+              (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    insns += [(ret, 0, 0, allow)]
+    return b"".join(struct.pack("HBBI", *insn) for insn in insns)
+
+
+def _install_seccomp(program: bytes) -> None:
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buffer = ctypes.create_string_buffer(program)
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
+           "seccomp")
+
+
+def _drop_capabilities() -> None:
+    """User-namespace mode: the code runs as uid 0 of the namespace, so lock down root semantics
+    and drop every capability (otherwise it could undo the mounts)."""
+    _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKDOWN)
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    header, data = Header(0x20080522, 0), (Data * 2)()
+    syscall_capset = {"x86_64": 126, "aarch64": 91}.get(platform.machine())
+    if syscall_capset is None:
+        raise OSError(errno.ENOSYS, "capset: unknown architecture")
+    _check(_libc.syscall(syscall_capset, ctypes.byref(header), data), "capset")
+
+
+# --- one execution -------------------------------------------------------------------------------
+def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err_w: int,
+           status_w: int) -> None:
+    """Runs in the forked child; never returns."""
+    code_status = 1
+    try:
+        os.setsid()
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.dup2(devnull, 0)
+        os.dup2(status_w, STATUS_FD)
+        os.set_inheritable(STATUS_FD, False)
+        os.closerange(STATUS_FD + 1, 1 << 16)
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(signum, signal.SIG_IGN)  # as a fresh interpreter has them
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.chdir(scratch)
+        os.umask(0o077)
+        env = {"PATH": config["path_env"], "LANG": config["lang"], "HOME": scratch,
+               "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "MALLOC_ARENA_MAX": "2"}
+        os.environ.clear()
+        os.environ.update(env)
+        sys.dont_write_bytecode = True
+        # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS a handful of
+        # threads would exhaust the limit without using memory (the env var covers subprocesses)
+        _libc.mallopt(-8, 2)  # M_ARENA_MAX
+        limits = request["limits"]
+        cpu = max(1, int(-(-limits["cpu_s"] // 1)))
+        memory = int(limits["memory_mb"]) << 20
+        file_size = int(limits["max_file_mb"]) << 20
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_DATA, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+        if iso["mode"] != "none":
+            resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"],) * 2)
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if iso["mode"] == "root":
+            uid, gid = config["uid"], config["gid"]
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            # a uid change makes the process non-dumpable, which turns its own /proc/self/*
+            # root-owned; restore normal behaviour (core files stay off through RLIMIT_CORE)
+            _prctl(PR_SET_DUMPABLE, 1)
+        elif iso["mode"] == "userns":
+            _drop_capabilities()
+        if iso["seccomp"]:
+            _install_seccomp(config["_seccomp_program"])
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                          closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                          closefd=False, buffering=1)
+        sys.argv = ["<sandbox>"]
+        owner = _getpid()
+    except BaseException as exc:  # set-up failed: report and never run the code
+        try:
+            os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
+            os.write(STATUS_FD, json.dumps({"setup_error": repr(exc)}).encode())
+        finally:
+            os._exit(126)
+    status: dict = {}
+    atexit._clear()  # handlers inherited from the worker are not the code's
+    try:
+        compiled = compile(request["code"], "<sandbox>", "exec")
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
+        exec(compiled, namespace)
+        code_status = 0
+    except SystemExit as exc:
+        if exc.code is None:
+            code_status = 0
+        elif isinstance(exc.code, int):
+            code_status = exc.code & 0xFF
+        else:
+            _safe_print_error(str(exc.code))
+            code_status = 1
+    except BaseException as exc:
+        status = {"exc": type(exc).__name__, "errno": getattr(exc, "errno", None),
+                  "message": str(exc)[:200]}
+        if "new thread" in status["message"]:
+            status["tasks"] = _count_own_tasks()
+        _safe_print_exception(exc)
+        code_status = 1
+    try:
+        # as at the end of a real interpreter: wait for non-daemon threads, run atexit handlers
+        threading_module = sys.modules.get("threading")
+        if threading_module is not None:
+            threading_module._shutdown()
+        atexit._run_exitfuncs()
+    except BaseException as exc:
+        _safe_print_exception(exc)
+    if _getpid() != owner:
+        # a process the code forked fell out of the code: it must not report
+        _flush_quietly()
+        _exit(code_status)
+    _flush_quietly()
+    try:
+        status["exit"] = code_status
+        _write(STATUS_FD, _dumps(status).encode())
+    except BaseException:
+        pass
+    _exit(code_status)
+
+
+def _count_own_tasks() -> int | None:
+    """Threads of every process this uid can see (root mode: exactly the sandbox's own, since
+    /proc hides the rest); None when unknown."""
+    total = 0
+    try:
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    with open(f"/proc/{name}/status") as handle:
+                        for line in handle:
+                            if line.startswith("Threads:"):
+                                total += int(line.split()[1])
+                                break
+                except (OSError, ValueError):
+                    continue
+    except OSError:
+        return None
+    return total
+
+
+def _safe_print_exception(exc: BaseException) -> None:
+    # plain try/except (not contextlib): the code may have replaced modules in this process
+    try:
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next, file=sys.stderr)
+    except BaseException:
+        try:  # noqa: SIM105
+            _write(2, f"{type(exc).__name__}: {exc}\n".encode(errors="replace"))
+        except BaseException:
+            pass
+
+
+def _safe_print_error(text: str) -> None:
+    try:  # noqa: SIM105
+        _write(2, (text + "\n").encode(errors="replace"))
+    except BaseException:
+        pass
+
+
+def _flush_quietly() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105
+            stream.flush()
+        except BaseException:
+            pass
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, real uid) for every visible process."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as handle:
+                ppid = uid = -1
+                for line in handle:
+                    if line.startswith("PPid:"):
+                        ppid = int(line.split()[1])
+                    elif line.startswith("Uid:"):
+                        uid = int(line.split()[1])
+                        break
+            table[int(name)] = (ppid, uid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def _descendants(root: int) -> list[int]:
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _uid) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _reap_children(deadline: float) -> bool:
+    """Reap exited children until none is left (True) or the deadline passes (False)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+
+
+def _has_children() -> bool:
+    """Reap what has exited; True when the worker still has a child."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def kill_everything(iso: dict, config: dict, pgid: int | None) -> bool:
+    """Kill every process the execution started; True when none is left.
+
+    The worker is a child subreaper: every live process descended from the execution (also one
+    that called ``setsid`` or whose parent died) is a child of the worker or below one. So once
+    the worker has no child left, nothing is left, and the common case costs one ``waitpid``.
+    Otherwise, in root mode, a reaper with the sandbox uid calls ``kill(-1, SIGKILL)`` (reaching
+    every process of that uid, wherever it is); in the other modes, and as insurance when the
+    reaper was not enough, the process table is walked and every descendant killed.
+    """
+    if pgid is not None:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    if iso.get("subreaper") and not _has_children():
+        return True
+    for attempt in range(20):
+        if iso["mode"] == "root":
+            reaper = os.fork()
+            if reaper == 0:
+                try:
+                    os.setgroups([])
+                    os.setresgid(config["gid"], config["gid"], config["gid"])
+                    os.setresuid(config["uid"], config["uid"], config["uid"])
+                    for _ in range(3):
+                        os.kill(-1, signal.SIGKILL)  # every process of this uid but ourselves
+                except BaseException:
+                    pass
+                os._exit(0)
+            os.waitpid(reaper, 0)
+        if iso["mode"] != "root" or attempt > 0:
+            # the process-table walk: the only way outside root mode; insurance inside it
+            for pid in _descendants(os.getpid()):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        if _reap_children(time.monotonic() + 0.5):
+            return True
+    return False
+
+
+def _wipe_ipc() -> None:
+    """Remove SysV IPC objects left in this worker's IPC namespace."""
+    for kind, function in (("shm", "shmctl"), ("sem", "semctl"), ("msg", "msgctl")):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as handle:
+                lines = handle.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                ident = int(line.split()[1])
+            except (IndexError, ValueError):
+                continue
+            if kind == "sem":
+                getattr(_libc, function)(ident, 0, IPC_RMID)
+            else:
+                getattr(_libc, function)(ident, IPC_RMID, None)
+
+
+def _wipe(iso: dict, scratch: str) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+    if iso["mode"] == "none":
+        return
+    if "/dev/shm" in iso.get("private_dirs", []):
+        for name in os.listdir("/dev/shm"):
+            path = os.path.join("/dev/shm", name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    if iso["ipc_namespace"]:
+        _wipe_ipc()
+
+
+def _classify(status_word: int, rusage, report: dict, limits: dict) -> tuple[int, str | None]:
+    """(exit code, limit hit) from the wait status and the child's own report."""
+    limit = None
+    if os.WIFSIGNALED(status_word):
+        signum = os.WTERMSIG(status_word)
+        exit_code = -signum
+        cpu_used = rusage.ru_utime + rusage.ru_stime if rusage else 0.0
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL
+                                         and cpu_used >= limits["cpu_s"] * 0.98):
+            limit = "cpu"
+        elif signum == signal.SIGXFSZ:
+            limit = "file_size"
+    else:
+        exit_code = os.WEXITSTATUS(status_word)
+    name, err = report.get("exc"), report.get("errno")
+    message = report.get("message", "")
+    if limit is None and name:
+        if name == "MemoryError" or err == errno.ENOMEM:
+            limit = "memory"
+        elif err == errno.EFBIG:
+            limit = "file_size"
+        elif err == errno.EMFILE:
+            limit = "open_files"
+        elif err == errno.ENOSPC or err == errno.EDQUOT:
+            limit = "disk"
+        elif err == errno.EAGAIN and name == "BlockingIOError":
+            limit = "processes"  # fork refused (a fork short of memory says ENOMEM)
+        elif name == "RuntimeError" and "new thread" in message:
+            # pthread_create says EAGAIN both at the process cap and when the address space
+            # has no room for another stack: tell them apart by the tasks alive at the time
+            tasks = report.get("tasks")
+            near_cap = tasks is None or tasks >= limits["max_processes"] - 1
+            limit = "processes" if near_cap else "memory"
+    return exit_code, limit
+
+
+def execute(request: dict, config: dict, iso: dict, channel: Channel, counter: int) -> dict:
+    limits = request["limits"]
+    scratch = os.path.join(iso["scratch_root"], f"run-{counter}")
+    os.mkdir(scratch, 0o700)
+    if iso["mode"] == "root":
+        os.chown(scratch, config["uid"], config["gid"])
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(request, config, iso, scratch, out_w, err_w, status_w)
+        finally:
+            _exit(127)
+    for fd in (out_w, err_w, status_w):
+        os.close(fd)
+    deadline = started + limits["timeout_s"]
+    cap = limits["max_output_bytes"]
+    buffers = {out_r: bytearray(), err_r: bytearray()}
+    truncated = {out_r: False, err_r: False}
+    limit_hit = None
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    poller = select.poll()
+    for fd in (out_r, err_r):
+        poller.register(fd, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    poller.register(channel.read_fd, select.POLLHUP | select.POLLERR)
+    open_streams = {out_r, err_r}
+    status_word, rusage, exited = 0, None, False
+    parent_gone = False
+    while True:
+        if not exited:
+            done, status_word, rusage = _try_wait(pid)
+            if done:
+                exited = True
+                break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            limit_hit = "timeout"
+            break
+        wait_ms = int(min(remaining, 0.05 if pidfd is None else remaining) * 1000) + 1
+        events = poller.poll(wait_ms)
+        for fd, _mask in events:
+            if fd == channel.read_fd:
+                parent_gone = True
+            elif fd in open_streams:
+                _read_into(fd, buffers, truncated, cap, open_streams, poller)
+        if parent_gone:
+            limit_hit = "timeout"
+            break
+        if any(truncated.values()):
+            limit_hit = "output"
+            break
+    if not exited:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        _pid, status_word, rusage = os.wait4(pid, 0)
+    child_done = time.monotonic()
+    clean = kill_everything(iso, config, pid)
+    killed = time.monotonic()
+    # every writer is dead now: drain what is left in the pipes without blocking
+    for fd in list(open_streams):
+        os.set_blocking(fd, False)
+        while fd in open_streams:
+            try:
+                if not _read_into(fd, buffers, truncated, cap, open_streams, None):
+                    break
+            except BlockingIOError:
+                break
+    if limit_hit is None and any(truncated.values()):
+        limit_hit = "output"
+    os.set_blocking(status_r, False)
+    try:
+        raw = os.read(status_r, 1 << 16)
+    except OSError:
+        raw = b""
+    for fd in (out_r, err_r, status_r) + ((pidfd,) if pidfd is not None else ()):
+        os.close(fd)
+    try:
+        report = json.loads(raw.decode()) if raw else {}
+        if not isinstance(report, dict):
+            report = {}
+    except ValueError:
+        report = {}
+    exit_code, detected = _classify(status_word, rusage, report, limits)
+    if limit_hit is None:
+        limit_hit = detected
+    if limit_hit in ("timeout", "output"):
+        exit_code = -signal.SIGKILL
+    _wipe(iso, scratch)
+    result = {
+        "stdout": bytes(buffers[out_r]).decode("utf-8", errors="replace"),
+        "stderr": bytes(buffers[err_r]).decode("utf-8", errors="replace"),
+        "exit_code": exit_code, "limit_hit": limit_hit,
+        "duration_s": time.monotonic() - started,
+        "cpu_s": (rusage.ru_utime + rusage.ru_stime) if rusage else 0.0,
+        "stdout_truncated": truncated[out_r], "stderr_truncated": truncated[err_r],
+        "clean": clean,
+        "timings": {"run": child_done - started, "kill": killed - child_done,
+                    "total": time.monotonic() - started},
+    }
+    if "setup_error" in report:
+        result["setup_error"] = report["setup_error"]
+    if parent_gone:
+        result["parent_gone"] = True
+    return result
+
+
+def _try_wait(pid: int):
+    try:
+        done, status_word, rusage = os.wait4(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True, 0, None
+    return (done == pid), status_word, rusage
+
+
+def _read_into(fd, buffers, truncated, cap, open_streams, poller) -> bool:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
+        open_streams.discard(fd)
+        if poller is not None:
+            poller.unregister(fd)
+        return False
+    buffer = buffers[fd]
+    room = cap - len(buffer)
+    if len(chunk) > room:
+        buffer += chunk[:max(room, 0)]
+        truncated[fd] = True
+    else:
+        buffer += chunk
+    return True
+
+
+def main() -> None:
+    # Keep the protocol away from fds 0/1 so nothing printed by accident corrupts it.
+    channel = Channel(os.dup(0), os.dup(1))
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    for fd in (channel.read_fd, channel.write_fd):
+        os.set_inheritable(fd, False)
+    config = channel.recv()
+    if config is None:
+        return
+    try:
+        iso = isolate(config)
+        program = _seccomp_program() if config.get("seccomp", True) else None
+        if program is not None:
+            config["_seccomp_program"] = program
+            iso["seccomp"] = True
+        for module in config.get("preload", []):
+            __import__(module)
+    except BaseException as exc:
+        channel.send({"ready": False, "error": f"{type(exc).__name__}: {exc}",
+                      "traceback": traceback.format_exc()})
+        return
+    iso["uid"] = config["uid"] if iso["mode"] == "root" else os.getuid()
+    iso["network"] = iso["network"] and _network_is_empty()
+    channel.send({"ready": True, "isolation": iso, "pid": os.getpid()})
+    counter = 0
+    while True:
+        request = channel.recv()
+        if request is None or request.get("op") == "exit":
+            if iso["mode"] == "none":
+                shutil.rmtree(iso["scratch_root"], ignore_errors=True)
+            return
+        counter += 1
+        try:
+            result = execute(request, config, iso, channel, counter)
+        except BaseException as exc:
+            result = {"stdout": "", "stderr": f"sandbox worker error: {exc!r}", "exit_code": None,
+                      "limit_hit": "sandbox_error", "duration_s": 0.0, "clean": False,
+                      "traceback": traceback.format_exc()}
+        if result.get("parent_gone"):
+            return
+        channel.send(result)
+        if not result.get("clean", True):
+            return  # something survived the kill: let the pool replace this worker
+
+
+def _network_is_empty() -> bool:
+    """True when this network namespace has only a loopback interface and it is down."""
+    import fcntl
+    import socket
+
+    try:
+        names = [name for _index, name in socket.if_nameindex()]
+        if names != ["lo"]:
+            return False
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            request = struct.pack("16sH14x", b"lo", 0)
+            flags = struct.unpack("16sH14x", fcntl.ioctl(probe, 0x8913, request))[1]
+        return not flags & 0x1  # IFF_UP
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    main()

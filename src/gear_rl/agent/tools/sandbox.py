@@ -1,0 +1,541 @@
+"""``PythonSandbox``: run model-written Python without letting it touch the host.
+
+A pool of warm worker processes (``_sandbox_worker.py``, started as ``python -I`` with a scrubbed
+environment in a new session). Each worker isolates itself once, then forks one short-lived child
+per execution; see the worker's docstring for the mechanics. What the pool enforces depends on
+what the OS allows, and it says so: ``sandbox.isolation`` is the worker's own report.
+
+Modes (``sandbox.isolation["mode"]``):
+
+- ``"root"`` (running as root, the tested configuration): network, mount, IPC and UTS
+  namespaces; private size-limited tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run``;
+  a ``/proc`` that shows the code only its own processes; every other mount read-only, nosuid;
+  a distinct unprivileged uid/gid per worker (so ``RLIMIT_NPROC`` is a real per-worker process
+  cap, root-owned files are out of reach, nothing outside can be signalled or ptraced, and a
+  reaper with that uid kills every leftover process with ``kill(-1, SIGKILL)``); a seccomp
+  filter (x86_64) denying mount/namespace/ptrace/keyring/bpf/io_uring calls and non-Unix sockets.
+- ``"userns"`` (not root, unprivileged user namespaces allowed): the same namespaces, private
+  tmpfs and read-only remounts through a user namespace; all capabilities dropped before the code
+  runs. Not enforced: uid drop (the code runs as the calling user, so files the user can read
+  through the read-only mounts stay readable) and the hidden ``/proc``; leftovers are killed by
+  walking the worker's descendants (the worker is a child subreaper).
+- ``"none"`` (no namespaces at all): resource limits, a scratch directory, a scrubbed
+  environment and the process-tree kill only. No network or filesystem isolation and no process
+  cap. A warning is logged; pass ``require_isolation=True`` to refuse to start instead.
+
+Always enforced: wall-time limit (whole process tree killed), CPU time (``RLIMIT_CPU``), address
+space per process (``RLIMIT_AS``: ``memory_mb`` bounds each process, not their sum), file size
+(``RLIMIT_FSIZE``), open files, no core files, output caps, ``no_new_privs``, scrubbed
+environment (only ``PATH``, ``LANG`` and sandbox-local ``HOME``/``TMPDIR`` reach the code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import queue
+import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LIMIT_NAMES", "PythonSandbox", "SandboxResult"]
+
+LIMIT_NAMES = ("timeout", "cpu", "memory", "output", "file_size", "processes", "open_files",
+               "disk", "sandbox_error")
+"""Values ``SandboxResult.limit_hit`` can take (besides ``None``). ``sandbox_error``: the sandbox
+itself failed (a worker died or hung); the pool replaces the worker."""
+
+_WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
+_UID_RANGE = (200_000, 299_999)
+_SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_START_TIMEOUT_S = 30.0
+_uid_lock = threading.Lock()
+_uids_in_use: set[int] = set()
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """Outcome of one execution.
+
+    Attributes:
+        stdout, stderr: what the code printed (UTF-8, undecodable bytes replaced), each cut at the
+            pool's ``max_output_bytes``.
+        exit_code: the process exit status (0 ok, ``sys.exit(n)`` gives ``n``, an uncaught
+            exception gives 1), ``-N`` when killed by signal ``N`` (a timeout or an output
+            overflow reports ``-9``), ``None`` when the sandbox itself failed.
+        limit_hit: ``None`` or the name of the limit that ended or broke the run (see
+            ``LIMIT_NAMES``): ``timeout`` (wall time), ``cpu`` (CPU seconds), ``memory`` (a
+            ``MemoryError`` or ``ENOMEM`` reached the top level), ``output``, ``file_size``,
+            ``processes`` (fork/thread creation refused), ``open_files``, ``disk`` (scratch full).
+        duration_s: wall time of the execution as measured by the worker.
+        cpu_s: CPU seconds used by the main process.
+        stdout_truncated, stderr_truncated: whether that stream was cut.
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    limit_hit: str | None
+    duration_s: float
+    cpu_s: float = 0.0
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to completion with exit status 0 and no limit was hit."""
+        return self.exit_code == 0 and self.limit_hit is None
+
+
+@dataclass
+class _Limits:
+    timeout_s: float
+    cpu_s: float
+    memory_mb: int
+    max_processes: int
+    max_output_bytes: int
+    max_file_mb: int
+    max_open_files: int
+
+    def as_dict(self, timeout_s: float | None = None) -> dict[str, Any]:
+        values = dict(self.__dict__)
+        if timeout_s is not None:
+            values["timeout_s"] = timeout_s
+            values["cpu_s"] = min(self.cpu_s, timeout_s) if self.cpu_s else timeout_s
+        return values
+
+
+def _scrubbed_env() -> dict[str, str]:
+    return {"PATH": _SAFE_PATH, "LANG": os.environ.get("LANG", "C.UTF-8") or "C.UTF-8"}
+
+
+def _uids_of_running_processes() -> set[int]:
+    uids = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                uids.add(os.stat(f"/proc/{name}").st_uid)
+            except OSError:
+                continue
+    return uids
+
+
+def _allocate_uid() -> int:
+    """A random uid in 200000-299999 that no process and no other worker of ours uses."""
+    busy = _uids_of_running_processes()
+    with _uid_lock:
+        for _ in range(1000):
+            uid = random.randint(*_UID_RANGE)
+            if uid not in busy and uid not in _uids_in_use:
+                _uids_in_use.add(uid)
+                return uid
+    raise RuntimeError("could not find a free sandbox uid in 200000-299999")
+
+
+def _release_uid(uid: int) -> None:
+    with _uid_lock:
+        _uids_in_use.discard(uid)
+
+
+def _kill_uid_from_parent(python: str, uid: int) -> None:
+    """Kill every process of a sandbox uid from outside (used when a worker died)."""
+    script = ("import os,signal,sys;u=int(sys.argv[1]);os.setgroups([]);os.setresgid(u,u,u);"
+              "os.setresuid(u,u,u)\nfor _ in range(3):\n try: os.kill(-1,signal.SIGKILL)\n"
+              " except ProcessLookupError: break")
+    try:
+        subprocess.run([python, "-I", "-c", script, str(uid)], env=_scrubbed_env(), timeout=10,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("sandbox: could not run the reaper for uid %d: %s", uid, exc)
+
+
+class _Worker:
+    """One worker process and its protocol pipes (used by one thread at a time)."""
+
+    def __init__(self, python: str, config: dict[str, Any]) -> None:
+        self.python = python
+        self.uid = config["uid"]
+        self.finished = False
+        self.process = subprocess.Popen(
+            [python, "-I", str(_WORKER_SCRIPT)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=_scrubbed_env(), cwd="/", start_new_session=True, close_fds=True,
+        )
+        self._buffer = b""
+        self._stderr_tail: list[str] = []
+        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True,
+                                               name=f"sandbox-worker-{self.process.pid}-stderr")
+        self._stderr_thread.start()
+        self.send(config)
+        hello = self.recv(_START_TIMEOUT_S)
+        if hello is None or not hello.get("ready"):
+            detail = (hello or {}).get("traceback") or (hello or {}).get("error") or "".join(
+                self._stderr_tail[-20:])
+            self.kill()
+            raise RuntimeError(f"sandbox worker failed to start: {detail}")
+        self.isolation: dict[str, Any] = hello["isolation"]
+
+    def _drain_stderr(self) -> None:
+        stream = self.process.stderr
+        assert stream is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            self._stderr_tail = [*self._stderr_tail[-50:], line]
+            logger.debug("sandbox worker %d: %s", self.process.pid, line)
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def recv(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next message, or None if the worker died or said nothing within ``timeout_s``."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self, *, reap_uid: bool = True) -> None:
+        """Kill the worker's whole session and (root mode, ``reap_uid``) every process of its
+        uid; reap it. Idempotent; the uid is released afterwards, so it never runs twice."""
+        if self.finished:
+            return
+        self.finished = True
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            logger.warning("sandbox worker %d did not die", self.process.pid)
+        if reap_uid and self.isolation_mode() == "root":
+            _kill_uid_from_parent(self.python, self.uid)
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        _release_uid(self.uid)
+
+    def isolation_mode(self) -> str | None:
+        return getattr(self, "isolation", {}).get("mode")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit (it has no children between calls); kill it if it does not."""
+        if self.finished:
+            return
+        clean = False
+        try:
+            self.send({"op": "exit"})
+            clean = self.process.wait(timeout=timeout_s) == 0
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+        self.kill(reap_uid=not clean)
+
+
+def _shutdown_workers(workers: list[_Worker]) -> None:
+    for worker in list(workers):
+        with contextlib.suppress(Exception):  # a finaliser must never raise
+            worker.close(timeout_s=1.0)
+
+
+@dataclass
+class _PoolState:
+    workers: list[_Worker] = field(default_factory=list)
+    idle: queue.Queue = field(default_factory=queue.Queue)
+
+
+class PythonSandbox:
+    """A pool of warm, isolated Python workers.
+
+    Example::
+
+        with PythonSandbox(workers=2, timeout_s=5.0, memory_mb=512) as sandbox:
+            result = sandbox.run("print(2 + 2)")
+            result.stdout, result.exit_code, result.limit_hit, result.duration_s
+
+    Args:
+        workers: number of worker processes (executions that can run at once).
+        timeout_s: wall-time limit per execution, seconds.
+        memory_mb: address-space limit (``RLIMIT_AS``) of each process the code runs, MiB. It
+            includes the interpreter itself (about 30 MiB, more with ``preload``).
+        cpu_s: CPU-time limit per process (``RLIMIT_CPU``, rounded up to whole seconds); default
+            ``timeout_s``.
+        max_processes: processes and threads the code may have at once (``RLIMIT_NPROC`` of the
+            sandbox user; includes the main process).
+        max_output_bytes: cap on each of stdout and stderr; beyond it the run is killed and
+            ``limit_hit == "output"``.
+        max_file_mb: largest file the code may write (``RLIMIT_FSIZE``).
+        max_open_files: ``RLIMIT_NOFILE``.
+        scratch_mb: size of each private tmpfs (the scratch directory lives in one).
+        preload: modules each worker imports once at start (e.g. ``("math", "sympy")``), so
+            executions that import them start faster; they are shared with every execution.
+        isolation: ``"auto"`` (the strongest the OS allows), ``"userns"`` (do not use root
+            privileges even when available) or ``"none"`` (limits only; for debugging).
+        require_isolation: raise ``RuntimeError`` instead of warning when the full ``"root"``
+            isolation is not available.
+        seccomp: install the seccomp filter where supported (x86_64).
+        python: interpreter for the workers (default: this one).
+
+    Thread-safe: ``run`` may be called from many threads; at most ``workers`` executions run at
+    once. A worker that dies or hangs is replaced and its call returns a result with
+    ``limit_hit="sandbox_error"``.
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout_s: float = 5.0,
+        memory_mb: int = 512,
+        *,
+        cpu_s: float | None = None,
+        max_processes: int = 32,
+        max_output_bytes: int = 64 * 1024,
+        max_file_mb: int = 16,
+        max_open_files: int = 256,
+        scratch_mb: int = 64,
+        preload: Sequence[str] = (),
+        isolation: Literal["auto", "userns", "none"] = "auto",
+        require_isolation: bool = False,
+        seccomp: bool = True,
+        python: str | None = None,
+    ) -> None:
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+        for name, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb),
+                            ("max_processes", max_processes),
+                            ("max_output_bytes", max_output_bytes),
+                            ("max_file_mb", max_file_mb), ("max_open_files", max_open_files),
+                            ("scratch_mb", scratch_mb)):
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if cpu_s is not None and (not isinstance(cpu_s, (int, float)) or cpu_s <= 0):
+            raise ValueError(f"cpu_s must be a positive number or None, got {cpu_s!r}")
+        if memory_mb < 64:
+            raise ValueError(
+                f"memory_mb must be >= 64 (the interpreter needs ~30), got {memory_mb}")
+        if max_open_files < 16:
+            raise ValueError(f"max_open_files must be >= 16, got {max_open_files}")
+        if isolation not in ("auto", "userns", "none"):
+            raise ValueError(f"isolation must be 'auto', 'userns' or 'none', got {isolation!r}")
+        if isinstance(preload, str) or not all(isinstance(m, str) for m in preload):
+            raise ValueError(f"preload must be a sequence of module names, got {preload!r}")
+        if sys.platform != "linux":
+            raise RuntimeError("PythonSandbox needs Linux (namespaces, rlimits, /proc)")
+        self.limits = _Limits(
+            timeout_s=float(timeout_s), cpu_s=float(cpu_s if cpu_s is not None else timeout_s),
+            memory_mb=int(memory_mb), max_processes=int(max_processes),
+            max_output_bytes=int(max_output_bytes), max_file_mb=int(max_file_mb),
+            max_open_files=int(max_open_files),
+        )
+        self._num_workers = workers
+        self._python = python or sys.executable
+        self._base_config = {
+            "isolation": isolation, "tmpfs_mb": int(scratch_mb), "tmpfs_inodes": 16384,
+            "preload": list(preload), "seccomp": bool(seccomp),
+            "path_env": f"{os.path.dirname(self._python)}:{_SAFE_PATH}",
+            "lang": _scrubbed_env()["LANG"],
+        }
+        self._require = require_isolation
+        self._state = _PoolState()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.isolation: dict[str, Any] = {}
+        self.restarts = 0
+        try:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                started = list(pool.map(lambda _: self._spawn(), range(workers)))
+        except BaseException:
+            _shutdown_workers(self._state.workers)
+            raise
+        for worker in started:
+            self._state.idle.put(worker)
+        self.isolation = dict(started[0].isolation)
+        self._finalizer = weakref.finalize(self, _shutdown_workers, self._state.workers)
+        self._check_isolation()
+
+    # --- pool management -------------------------------------------------------------------------
+    def _spawn(self) -> _Worker:
+        uid = _allocate_uid()
+        config = dict(self._base_config, uid=uid, gid=uid)
+        try:
+            worker = _Worker(self._python, config)
+        except BaseException:
+            _release_uid(uid)
+            raise
+        with self._lock:
+            self._state.workers.append(worker)
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        worker.kill()
+        with self._lock:
+            if worker in self._state.workers:
+                self._state.workers.remove(worker)
+
+    def _check_isolation(self) -> None:
+        iso = self.isolation
+        weak = [key for key in ("network", "private_tmp", "readonly_fs", "uid_drop",
+                                "process_limit", "proc_hidden", "seccomp") if not iso.get(key)]
+        if iso.get("mode") == "root" and not weak:
+            logger.info("sandbox: full isolation (root mode, uid %s)", iso.get("uid"))
+            return
+        message = (f"sandbox isolation is reduced (mode {iso.get('mode')!r}); not enforced: "
+                   f"{', '.join(weak) or 'nothing'}; notes: {iso.get('notes')}")
+        if self._require:
+            self.close()
+            raise RuntimeError(message)
+        logger.warning(message)
+
+    @property
+    def workers(self) -> int:
+        """Number of worker processes."""
+        return self._num_workers
+
+    # --- running code ----------------------------------------------------------------------------
+    def run(self, code: str, *, timeout_s: float | None = None) -> SandboxResult:
+        """Run ``code`` (Python source) in a fresh sandboxed process; block until it finishes.
+
+        Args:
+            code: Python source, executed as ``__main__`` in a fresh globals dict.
+            timeout_s: wall-time limit for this call (default: the pool's).
+
+        Returns:
+            ``SandboxResult``. Never raises for anything the code does.
+        """
+        if not isinstance(code, str):
+            raise ValueError(f"code must be a str, got {type(code).__name__}")
+        if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
+            raise ValueError(f"timeout_s must be a positive number or None, got {timeout_s!r}")
+        if self._closed:
+            raise RuntimeError("PythonSandbox is closed")
+        limits = self.limits.as_dict(timeout_s)
+        worker: _Worker = self._state.idle.get()
+        try:
+            if worker.finished or not worker.alive():
+                worker = self._replace(worker)
+            result, worker = self._execute(worker, code, limits)
+            return result
+        finally:
+            if self._closed:
+                worker.close()
+            else:
+                self._state.idle.put(worker)
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        """Retire ``worker`` and start a new one. If the new one fails to start, the retired
+        worker is what goes back into the pool, and the next call tries again."""
+        self._retire(worker)
+        self.restarts += 1
+        return self._spawn()
+
+    def _execute(self, worker: _Worker, code: str,
+                 limits: dict[str, Any]) -> tuple[SandboxResult, _Worker]:
+        started = time.monotonic()
+        reply = None
+        try:
+            worker.send({"op": "run", "code": code, "limits": limits})
+            # the worker enforces the limit itself; the margin covers its clean-up
+            reply = worker.recv(limits["timeout_s"] + 15.0)
+        except (OSError, ValueError) as exc:
+            logger.warning("sandbox worker %d: protocol error %s", worker.process.pid, exc)
+        broken = reply is None or reply.get("limit_hit") == "sandbox_error" or not reply.get(
+            "clean", True)
+        if broken:
+            reason = "died" if not worker.alive() else "failed or hung"
+            logger.warning("sandbox worker %d %s; replacing it", worker.process.pid, reason)
+            try:
+                worker = self._replace(worker)
+            except Exception as exc:  # the next call retries the start
+                logger.warning("sandbox: could not start a replacement worker: %s", exc)
+        if reply is None:
+            return SandboxResult(stdout="", stderr=f"sandbox worker {reason} during the call",
+                                 exit_code=None, limit_hit="sandbox_error",
+                                 duration_s=time.monotonic() - started), worker
+        if reply.get("setup_error"):
+            reply["limit_hit"] = "sandbox_error"
+        return SandboxResult(
+            stdout=reply["stdout"], stderr=reply["stderr"], exit_code=reply["exit_code"],
+            limit_hit=reply["limit_hit"], duration_s=reply["duration_s"],
+            cpu_s=reply.get("cpu_s", 0.0), stdout_truncated=reply.get("stdout_truncated", False),
+            stderr_truncated=reply.get("stderr_truncated", False),
+        ), worker
+
+    def run_many(
+        self, codes: Iterable[str], *, timeout_s: float | None = None
+    ) -> list[SandboxResult]:
+        """Run many snippets over the pool (``workers`` at a time); results in input order."""
+        codes = list(codes)
+        for index, code in enumerate(codes):
+            if not isinstance(code, str):
+                raise ValueError(f"codes[{index}] must be a str, got {type(code).__name__}")
+        if not codes:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self._num_workers, len(codes))) as pool:
+            return list(pool.map(lambda code: self.run(code, timeout_s=timeout_s), codes))
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the current workers (for monitoring and tests)."""
+        with self._lock:
+            return [w.process.pid for w in self._state.workers]
+
+    def worker_uids(self) -> list[int]:
+        """Sandbox uids of the current workers (root mode)."""
+        with self._lock:
+            return [w.uid for w in self._state.workers]
+
+    # --- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every worker (idempotent). Calls in flight finish first."""
+        if self._closed:
+            return
+        self._closed = True
+        while True:
+            try:
+                worker = self._state.idle.get_nowait()
+            except queue.Empty:
+                break
+            worker.close()
+        # workers busy in a call are closed by that call's finally clause
+
+    def __enter__(self) -> PythonSandbox:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"PythonSandbox(workers={self._num_workers}, mode={self.isolation.get('mode')!r},"
+                f" timeout_s={self.limits.timeout_s}, memory_mb={self.limits.memory_mb})")
