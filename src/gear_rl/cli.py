@@ -1,4 +1,5 @@
-"""`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch)."""
+"""`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch),
+``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,118 @@ def _demo(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"demo": _demo}
+_TRAIN_USAGE = """usage: gear-rl train [CONFIG.yaml] [key=value ...]
+
+RL fine-tuning of a causal LM with a credit estimator (GEAR by default) on a laptop CPU.
+Defaults: SmolLM2-135M-Instruct on reasoning-gym arithmetic. Keys use dots for nested fields,
+e.g.  gear-rl train estimator=grpo steps=20 rollout.temperature=0.8 credit.lambda_kl=0.2
+Continue an interrupted run:  gear-rl train resume=runs/RUN_DIR [steps=N]
+
+valid keys:
+"""
+
+_EVAL_USAGE = """usage: gear-rl eval [RUN_DIR | CHECKPOINT_DIR] [key=value ...]
+
+Held-out Mean@k and pass@k (eval.k samples per problem, eval.temperature, eval.top_p). With a run
+directory, its config (model, task) and latest checkpoint are used; otherwise the keys say which
+model (model=smollm2-135m | tiny-random | PATH) and task. Prints one JSON object; records=true
+adds per-problem results.
+"""
+
+
+def _split_train_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    config_path, overrides = None, []
+    for arg in argv:
+        if "=" not in arg and config_path is None and not overrides:
+            config_path = arg
+        elif "=" not in arg:
+            raise ValueError(f"argument {arg!r} is not key=value (only the first argument may be "
+                             "a config file)")
+        else:
+            overrides.append(arg)
+    return config_path, overrides
+
+
+def _train(argv: list[str]) -> int:
+    from gear_rl.train.config import TrainConfig, load_config, parse_overrides, valid_keys
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(_TRAIN_USAGE + "  " + "\n  ".join(valid_keys()))
+        print("\n" + (TrainConfig.__doc__ or ""))
+        return 0
+    try:
+        config_path, overrides = _split_train_args(argv)
+        parsed = parse_overrides(overrides)
+        if parsed.get("resume"):
+            from gear_rl.train.trainer import resume_config
+
+            if config_path is not None:
+                raise ValueError("resume=RUN_DIR takes the run's own config; drop CONFIG.yaml")
+            run_dir = parsed.pop("resume")
+            config = resume_config(str(run_dir), parsed)
+        else:
+            config = load_config(config_path, overrides)
+        from gear_rl.train.trainer import Trainer, format_summary
+
+        trainer = Trainer(config)
+    except ValueError as error:
+        print(f"gear-rl train: {error}", file=sys.stderr)
+        return 2
+    print(f"[gear-rl] run directory: {trainer.run_dir}", file=sys.stderr)
+    summary = trainer.train()
+    from gear_rl.train.trainer import format_summary
+
+    print(format_summary(summary))
+    return 0
+
+
+def _eval(argv: list[str]) -> int:
+    import json
+
+    from gear_rl.train.config import load_config, parse_overrides, valid_keys
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(_EVAL_USAGE + "\nvalid keys:\n  " + "\n  ".join(valid_keys()))
+        return 0
+    try:
+        target, overrides = _split_train_args(argv)
+        parsed = parse_overrides(overrides)
+        records = bool(parsed.pop("records", False))
+        overrides = [o for o in overrides if not o.startswith("records=")]
+        checkpoint = None
+        if target is not None:
+            from pathlib import Path
+
+            import yaml
+
+            from gear_rl.train.config import config_from_dict
+
+            path = Path(target)
+            run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
+            if not (run_dir / "config.yaml").is_file():
+                raise ValueError(f"{target} is not a gear-rl run directory or checkpoint folder")
+            config = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            config.resume = None
+            config_from_dict(parsed, config)
+            config.validate()
+            checkpoint = path
+        else:
+            config = load_config(None, overrides)
+        from gear_rl.train.trainer import evaluate_model
+
+        result = evaluate_model(config, checkpoint)
+    except ValueError as error:
+        print(f"gear-rl eval: {error}", file=sys.stderr)
+        return 2
+    if not records:
+        result.pop("records")
+    result.update({"model": config.model, "checkpoint": str(checkpoint) if checkpoint else None,
+                   "task": config.task})
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+COMMANDS = {"demo": _demo, "train": _train, "eval": _eval}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,71 @@
+"""Answer extraction matched to how small chat models answer.
+
+SmolLM2-135M-Instruct almost never writes a requested ``Answer: <value>`` line; it explains and
+ends with the number ("... so 5 - 3 = 2."). The extractor therefore takes, in order of precedence:
+the last ``\\boxed{...}``, the last ``Answer: ...`` line, and otherwise the last number in the text.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["extract_answer", "last_boxed", "last_number", "normalize_number"]
+
+_NUMBER = re.compile(r"(?<![\w.])[-−]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_ANSWER_LINE = re.compile(r"(?im)^\W*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (balanced braces), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i].strip()
+            depth -= 1
+    return None
+
+
+def normalize_number(token: str) -> str:
+    """``"−1,234.50"`` -> ``"-1234.5"``: unicode minus, thousands commas, inner spaces and
+    trailing zeros of a decimal removed; fractions kept as ``a/b``."""
+    token = token.replace("−", "-").replace(",", "").replace(" ", "")
+    if "." in token and "/" not in token:
+        token = token.rstrip("0").rstrip(".")
+    if token in ("-0", ""):
+        token = "0"
+    return token
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` (integers, decimals, ``a/b``, thousands commas), normalised."""
+    matches = _NUMBER.findall(text)
+    return normalize_number(matches[-1]) if matches else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The response's final answer: last ``\\boxed{}``, else last ``Answer:`` line, else the last
+    number. A boxed or answer-line value that contains a number is reduced to that number."""
+    for candidate in (last_boxed(text), _last_answer_line(text)):
+        if candidate:
+            number = last_number(candidate)
+            if number is not None and _is_numberish(candidate):
+                return number
+            return candidate.strip().rstrip(".")
+    return last_number(text)
+
+
+def _last_answer_line(text: str) -> str | None:
+    lines = _ANSWER_LINE.findall(text)
+    return lines[-1] if lines else None
+
+
+def _is_numberish(text: str) -> bool:
+    """True when ``text`` is a number with at most light decoration (``$ 12.``, ``x = -3``)."""
+    stripped = re.sub(r"[\s$\\().]|^[a-zA-Z]\s*=", "", text.strip())
+    return bool(re.fullmatch(r"[-−]?[\d,]+(?:\.\d+)?(?:/\d+)?", stripped))

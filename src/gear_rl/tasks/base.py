@@ -1,0 +1,60 @@
+"""What the trainer needs from a task: problems with a chat prompt, a scorer, and the reference
+the ground-truth-conditioned teacher is shown."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt to sample responses for.
+
+    Attributes:
+        id: stable identifier (unique within its split).
+        prompt: the student's prompt as chat messages (``[{"role": "user", "content": ...}]``).
+        answer: the gold final answer the scorer checks against.
+        reference: what the teacher is conditioned on (the answer, or a full solution).
+        reference_kind: ``"answer"`` or ``"solution"`` (see ``gear_rl.signals.teacher``).
+        data_source: where it came from (reasoning-gym task name, a file's ``data_source``).
+        metadata: anything the scorer needs (e.g. the reasoning-gym entry).
+    """
+
+    id: str
+    prompt: list[dict[str, str]]
+    answer: str
+    reference: str
+    reference_kind: str = "answer"
+    data_source: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass
+class Task:
+    """A task: a training split, a held-out split and a scorer.
+
+    Attributes:
+        name: human-readable description, logged in the run config.
+        train: problems sampled for training.
+        eval: held-out problems (never trained on) for Mean@k / pass@k.
+        scorer: ``scorer(problem, response_text) -> float`` reward in [0, 1]; 1 means correct.
+        extract: ``extract(response_text) -> str | None``, the answer the scorer read (for logs).
+    """
+
+    name: str
+    train: Sequence[Problem]
+    eval: Sequence[Problem]
+    scorer: Callable[[Problem, str], float]
+    extract: Callable[[str], str | None]
+
+    def __post_init__(self) -> None:
+        if not self.train:
+            raise ValueError(f"task {self.name!r} has no training problems")
+        if not self.eval:
+            raise ValueError(f"task {self.name!r} has no held-out problems")
+
+    def score(self, problem: Problem, response: str) -> float:
+        """Reward of ``response`` (decoded text, end-of-turn token stripped) for ``problem``."""
+        return float(self.scorer(problem, response))

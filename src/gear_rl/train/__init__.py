@@ -1,0 +1,53 @@
+"""The single-machine trainer (``gear-rl train``): rollout with a KV cache, rewards, the signal
+pass, any registry estimator, PPO-clipped updates, checkpoints, held-out evaluation."""
+
+from gear_rl.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gear_rl.train.config import (
+    EvalConfig,
+    LogConfig,
+    LossConfig,
+    OptimConfig,
+    RolloutConfig,
+    SignalConfig,
+    TrainConfig,
+    load_config,
+    valid_keys,
+)
+from gear_rl.train.evaluate import evaluate
+from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
+from gear_rl.train.rollout import Rollout, sample_next_token, sample_responses, stop_token_ids
+from gear_rl.train.trainer import (
+    Trainer,
+    evaluate_model,
+    format_summary,
+    resume_config,
+    train,
+)
+
+__all__ = [
+    "EvalConfig",
+    "LogConfig",
+    "LossConfig",
+    "OptimConfig",
+    "Rollout",
+    "RolloutConfig",
+    "SignalConfig",
+    "TrainConfig",
+    "Trainer",
+    "aggregate",
+    "evaluate",
+    "evaluate_model",
+    "format_summary",
+    "kl_penalty",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_config",
+    "ppo_policy_loss",
+    "resume_config",
+    "sample_next_token",
+    "sample_responses",
+    "save_checkpoint",
+    "stop_token_ids",
+    "train",
+    "valid_keys",
+]
