@@ -1,1 +1,61 @@
-"""Agent rollouts: multi-turn generation with tool calls and observation masks."""
+"""Agent rollouts: multi-turn generation with tool calls and observation masks.
+
+- :mod:`gear_rl.agent.parsing`: the ``<python>`` and ``<tool_call>`` formats and their parser.
+- :mod:`gear_rl.agent.loop`: the batched multi-turn loop (``run_agent``) over any ``generate``
+  function, tool executors, per-token masks / turn ids / observation spans, metrics.
+- :mod:`gear_rl.agent.tools`: ``PythonSandbox``, the isolated executor for model-written code.
+
+Importing this package does not import torch.
+"""
+
+from gear_rl.agent.loop import (
+    AgentConfig,
+    FunctionExecutor,
+    GenerateFn,
+    PythonExecutor,
+    ToolExecutor,
+    ToolOutput,
+    Trajectory,
+    TurnRecord,
+    format_sandbox_output,
+    hf_generate,
+    rollout_metrics,
+    run_agent,
+    shaped_reward,
+    trajectories_to_tensors,
+)
+from gear_rl.agent.parsing import (
+    JSON_FORMAT,
+    PYTHON_FORMAT,
+    ParsedTurn,
+    ToolCall,
+    ToolCallFormat,
+    get_format,
+    parse_json_calls,
+    parse_turn,
+)
+
+__all__ = [
+    "JSON_FORMAT",
+    "PYTHON_FORMAT",
+    "AgentConfig",
+    "FunctionExecutor",
+    "GenerateFn",
+    "ParsedTurn",
+    "PythonExecutor",
+    "ToolCall",
+    "ToolCallFormat",
+    "ToolExecutor",
+    "ToolOutput",
+    "Trajectory",
+    "TurnRecord",
+    "format_sandbox_output",
+    "get_format",
+    "hf_generate",
+    "parse_json_calls",
+    "parse_turn",
+    "rollout_metrics",
+    "run_agent",
+    "shaped_reward",
+    "trajectories_to_tensors",
+]

@@ -1,0 +1,533 @@
+"""Batched multi-turn agent rollouts with tool calls and observation masks.
+
+Issue 5 of gear-rl; GEAR (arXiv 2605.11853) credits only the policy's own tokens, so every tool
+output appended to a trajectory is marked as an observation (loss mask 0) and its span and turn
+are recorded: GEAR's segmentation scan skips observation positions, and the step-level methods
+use the turn index.
+
+The loop does not sample: it calls a ``generate`` function (the trainer's KV-cache sampler,
+:func:`hf_generate` for a Hugging Face model, or anything with the same signature):
+
+    generate(prompt_ids: list[list[int]], stop_strings: list[str], max_new_tokens: list[int])
+        -> list[list[int]]          # the new tokens of each row
+
+It must stop a row at end of turn (its EOS ids); honouring ``stop_strings`` is optional, the loop
+cuts every row just after the first closing tag itself (the wasted tokens are the only cost).
+
+One turn for the whole batch: every live trajectory generates; each row is cut at its first EOS
+or closing tag; the calls of all rows are executed together (one ``run_many`` on the sandbox);
+each observation is tokenized and appended with mask 0; finished rows drop out. Bad turns never
+raise: malformed and unterminated calls, unknown tools, tool errors and time-outs, over-long
+outputs, the turn limit and the token budget each end in a defined observation or finish reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from gear_rl.agent.parsing import ParsedTurn, ToolCall, ToolCallFormat, get_format, parse_turn
+
+if TYPE_CHECKING:
+    import torch
+
+    from gear_rl.agent.tools import PythonSandbox
+
+__all__ = [
+    "AgentConfig",
+    "FunctionExecutor",
+    "GenerateFn",
+    "PythonExecutor",
+    "ToolExecutor",
+    "ToolOutput",
+    "Trajectory",
+    "TurnRecord",
+    "format_sandbox_output",
+    "hf_generate",
+    "rollout_metrics",
+    "run_agent",
+    "shaped_reward",
+    "trajectories_to_tensors",
+]
+
+GenerateFn = Callable[[list[list[int]], list[str], list[int]], Sequence[Sequence[int]]]
+FinishReason = Literal["answer", "tool_call", "max_turns", "length", "unterminated_call",
+                       "token_budget"]
+
+
+# --- tools ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolOutput:
+    """The result of one call as the policy will see it.
+
+    Attributes:
+        text: the observation content (before the format's observation template).
+        error: ``None`` on success, else a short kind: ``"unknown_tool"``, ``"tool_error"``
+            (the tool ran and failed), or a sandbox limit name (``"timeout"``, ``"memory"``...).
+    """
+
+    text: str
+    error: str | None = None
+
+
+class ToolExecutor(Protocol):
+    """Runs a batch of calls (from every live trajectory of a turn) and returns one output per
+    call, in order."""
+
+    def __call__(self, calls: Sequence[ToolCall]) -> list[ToolOutput]: ...
+
+
+def format_sandbox_output(stdout: str, stderr: str, exit_code: int | None,
+                          limit_hit: str | None, *, timeout_s: float | None = None,
+                          max_stderr_chars: int = 1000) -> str:
+    """What the policy sees after running code: stdout; on failure also the tail of stderr (the
+    traceback's last lines) and a one-line note naming the limit that was hit."""
+    parts = [stdout.rstrip("\n")] if stdout.strip() else []
+    failed = exit_code != 0 or limit_hit is not None
+    if failed and stderr.strip():
+        parts.append(stderr.rstrip("\n")[-max_stderr_chars:])
+    if limit_hit == "timeout":
+        parts.append(f"Error: execution timed out{f' after {timeout_s:g} s' if timeout_s else ''}")
+    elif limit_hit == "output":
+        parts.append("Error: output too long, truncated")
+    elif limit_hit == "sandbox_error":
+        parts.append("Error: the sandbox failed to run the code")
+    elif limit_hit is not None:
+        parts.append(f"Error: {limit_hit} limit exceeded")
+    elif exit_code not in (0, None) and not stderr.strip():
+        parts.append(f"Error: exit status {exit_code}")
+    return "\n".join(parts) if parts else "(no output)"
+
+
+class PythonExecutor:
+    """Runs ``python`` calls in a :class:`~gear_rl.agent.tools.PythonSandbox`, all calls of a turn
+    together (``run_many``). Calls to any other name get ``unknown_tool``."""
+
+    def __init__(self, sandbox: PythonSandbox, *, timeout_s: float | None = None) -> None:
+        self.sandbox = sandbox
+        self.timeout_s = timeout_s
+
+    def __call__(self, calls: Sequence[ToolCall]) -> list[ToolOutput]:
+        outputs: list[ToolOutput | None] = [None] * len(calls)
+        runnable = [i for i, call in enumerate(calls) if call.name == "python" and call.code]
+        for i, call in enumerate(calls):
+            if i not in runnable:
+                outputs[i] = ToolOutput(f"Error: unknown tool {call.name!r}; available: python",
+                                        error="unknown_tool")
+        results = self.sandbox.run_many([calls[i].code or "" for i in runnable],
+                                        timeout_s=self.timeout_s)
+        timeout = self.timeout_s or self.sandbox.limits.timeout_s
+        for i, result in zip(runnable, results, strict=True):
+            text = format_sandbox_output(result.stdout, result.stderr, result.exit_code,
+                                         result.limit_hit, timeout_s=timeout)
+            error = result.limit_hit or ("tool_error" if result.exit_code != 0 else None)
+            outputs[i] = ToolOutput(text, error=error)
+        return [o for o in outputs if o is not None]
+
+
+class FunctionExecutor:
+    """Calls trusted in-process Python functions by name with the call's arguments (JSON format).
+
+    For functions you wrote, not for model-written code (that goes to :class:`PythonExecutor`).
+    Non-string results are shown as JSON; exceptions become ``tool_error`` observations.
+    """
+
+    def __init__(self, functions: Mapping[str, Callable[..., Any]]) -> None:
+        if not all(callable(f) for f in functions.values()):
+            raise ValueError("functions must map names to callables")
+        self.functions = dict(functions)
+
+    def __call__(self, calls: Sequence[ToolCall]) -> list[ToolOutput]:
+        outputs = []
+        for call in calls:
+            function = self.functions.get(call.name)
+            if function is None:
+                outputs.append(ToolOutput(
+                    f"Error: unknown tool {call.name!r}; available: "
+                    f"{', '.join(sorted(self.functions)) or 'none'}", error="unknown_tool"))
+                continue
+            try:
+                value = function(**call.arguments)
+            except Exception as exc:  # the tool failed: the policy sees why
+                outputs.append(ToolOutput(f"Error: {type(exc).__name__}: {exc}",
+                                          error="tool_error"))
+                continue
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            outputs.append(ToolOutput(text))
+        return outputs
+
+
+# --- config and records ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class AgentConfig:
+    """Rollout limits and the defined outcomes of broken episodes.
+
+    Attributes:
+        tool_format: ``"python"``, ``"json"`` or a :class:`ToolCallFormat`.
+        max_turns: policy turns per trajectory (tool calls are made in all but the last).
+        max_new_tokens_per_turn: generation cap of one turn.
+        max_response_tokens: budget of the whole response (policy and observation tokens).
+        max_observation_tokens: observation content is cut to this many tokens (a marker says so).
+        stop_after_tool_call: the first tool call ends the episode without running it (function
+            calling evaluated against a reference, e.g. ToolRL and BFCL).
+        truncation_marker: appended to a cut observation.
+        malformed_call_penalty, unknown_tool_penalty, truncation_penalty: subtracted from the task
+            reward by :func:`shaped_reward`, per malformed call, per unknown-tool call, and once
+            for an episode that ended on ``length``, ``unterminated_call``, ``max_turns`` or
+            ``token_budget``. Default 0: the task reward alone.
+    """
+
+    tool_format: str | ToolCallFormat = "python"
+    max_turns: int = 4
+    max_new_tokens_per_turn: int = 256
+    max_response_tokens: int = 1024
+    max_observation_tokens: int = 256
+    stop_after_tool_call: bool = False
+    truncation_marker: str = "\n...[truncated]"
+    malformed_call_penalty: float = 0.0
+    unknown_tool_penalty: float = 0.0
+    truncation_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        get_format(self.tool_format)
+        for name in ("max_turns", "max_new_tokens_per_turn", "max_response_tokens",
+                     "max_observation_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+    @property
+    def format(self) -> ToolCallFormat:
+        """The resolved tool-call format."""
+        return get_format(self.tool_format)
+
+
+@dataclass
+class TurnRecord:
+    """One policy turn and what followed it."""
+
+    text: str
+    parsed: ParsedTurn
+    ended_by: Literal["eos", "stop_string", "length"]
+    outputs: list[ToolOutput] = field(default_factory=list)
+    observation: str | None = None
+
+
+@dataclass
+class Trajectory:
+    """A multi-turn response. Per-token lists are aligned with ``response_ids``.
+
+    Attributes:
+        prompt_ids: the prompt (as given).
+        response_ids: every token after the prompt: policy turns and observations.
+        loss_mask: 1 for a policy token, 0 for an observation token.
+        turn_ids: the policy turn a token belongs to (0-based); an observation carries the index
+            of the turn whose call it answers.
+        observation_spans: ``[start, end)`` of each observation in ``response_ids``.
+        turns: per policy turn, its text, parse, and the tool outputs.
+        finish_reason: ``"answer"`` (a turn without a call), ``"tool_call"``
+            (``stop_after_tool_call``), ``"max_turns"`` (a call in the last allowed turn; not run),
+            ``"length"`` (a turn hit its token cap, or the budget ran out mid-turn),
+            ``"unterminated_call"`` (the turn ended inside an open call), ``"token_budget"`` (no
+            room left for an observation or another turn).
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    observation_spans: list[tuple[int, int]] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_tool_calls(self) -> int:
+        """Calls that were executed."""
+        return sum(len(t.outputs) for t in self.turns)
+
+    @property
+    def num_malformed_calls(self) -> int:
+        """Turns whose call did not parse (malformed or unterminated)."""
+        return sum(t.parsed.status in ("malformed", "unterminated") for t in self.turns)
+
+    @property
+    def num_unknown_tool_calls(self) -> int:
+        return sum(o.error == "unknown_tool" for t in self.turns for o in t.outputs)
+
+    @property
+    def num_observation_tokens(self) -> int:
+        return len(self.loss_mask) - sum(self.loss_mask)
+
+    @property
+    def policy_text(self) -> str:
+        """The policy's own text, all turns concatenated (observations left out)."""
+        return "".join(t.text for t in self.turns)
+
+    @property
+    def final_text(self) -> str:
+        """The last policy turn (where a final answer is)."""
+        return self.turns[-1].text if self.turns else ""
+
+    def transcript(self) -> str:
+        """Policy turns and observations in order, as the model saw them."""
+        return "".join(t.text + (t.observation or "") for t in self.turns)
+
+
+# --- the loop -------------------------------------------------------------------------------
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], close_tag: str
+              ) -> tuple[list[int], Literal["eos", "stop_string", "length"]]:
+    """Keep a generated turn up to and including its first EOS token or closing tag."""
+    end, ended_by = len(ids), "length"
+    for position, token in enumerate(ids):
+        if token in stop_ids:
+            end, ended_by = position + 1, "eos"
+            break
+    if close_tag in _decode(tokenizer, ids[:end]):
+        # the shortest prefix whose text contains the tag (prefix decoding is monotone here)
+        lo, hi = 1, end
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if close_tag in _decode(tokenizer, ids[:mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        end, ended_by = lo, "stop_string"
+    return ids[:end], ended_by  # type: ignore[return-value]
+
+
+def _observation_ids(content: str, fmt: ToolCallFormat, tokenizer: Any, cap: int,
+                     marker: str) -> tuple[str, list[int]]:
+    content_ids = tokenizer.encode(content, add_special_tokens=False)
+    if len(content_ids) > cap:
+        content = tokenizer.decode(content_ids[:cap], skip_special_tokens=True) + marker
+    text = fmt.observation_template.format(output=content)
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
+def run_agent(
+    prompts: Sequence[Sequence[int]],
+    generate: GenerateFn,
+    tokenizer: Any,
+    config: AgentConfig,
+    executor: ToolExecutor | None = None,
+    *,
+    stop_ids: Sequence[int] | None = None,
+) -> list[Trajectory]:
+    """Roll out one multi-turn trajectory per prompt.
+
+    Args:
+        prompts: ``B`` prompt token-id lists (chat template already applied).
+        generate: the sampler (see the module docstring).
+        tokenizer: the policy's tokenizer (``encode``/``decode``); observations are tokenized
+            with it, without special tokens.
+        config: limits and format.
+        executor: runs the calls; required unless ``config.stop_after_tool_call``.
+        stop_ids: end-of-turn token ids (default: the tokenizer's ``eos_token_id``).
+
+    Returns:
+        ``B`` trajectories, in prompt order.
+    """
+    fmt = config.format
+    if not config.stop_after_tool_call and executor is None:
+        raise ValueError("executor is required unless config.stop_after_tool_call is set")
+    prompt_lists = [list(map(int, p)) for p in prompts]
+    if any(len(p) == 0 for p in prompt_lists):
+        raise ValueError("prompts: every prompt needs at least one token")
+    if stop_ids is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        stop_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    stops = set(map(int, stop_ids))
+    trajectories = [Trajectory(prompt_ids=p) for p in prompt_lists]
+    active = list(range(len(trajectories)))
+    for turn in range(config.max_turns):
+        if not active:
+            break
+        budgets = [min(config.max_new_tokens_per_turn,
+                       config.max_response_tokens - len(trajectories[i].response_ids))
+                   for i in active]
+        inputs = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in active]
+        generated = generate(inputs, [fmt.close_tag], budgets)
+        if len(generated) != len(active):
+            raise ValueError(f"generate returned {len(generated)} rows for {len(active)} prompts")
+        pending: list[tuple[int, ToolCall]] = []
+        still_active = []
+        for i, new_ids, budget in zip(active, generated, budgets, strict=True):
+            trajectory = trajectories[i]
+            ids, ended_by = _cut_turn(list(map(int, new_ids))[:budget], tokenizer, stops,
+                                      fmt.close_tag)
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            parsed = parse_turn(text, fmt)
+            record = TurnRecord(text=text, parsed=parsed, ended_by=ended_by)
+            trajectory.turns.append(record)
+            trajectory.response_ids += ids
+            trajectory.loss_mask += [1] * len(ids)
+            trajectory.turn_ids += [turn] * len(ids)
+            if parsed.status == "none":
+                trajectory.finish_reason = "answer" if ended_by == "eos" else "length"
+            elif parsed.status == "unterminated":
+                trajectory.finish_reason = "unterminated_call"
+            elif config.stop_after_tool_call:
+                trajectory.finish_reason = "tool_call"
+            elif turn == config.max_turns - 1:
+                trajectory.finish_reason = "max_turns"
+            elif len(trajectory.response_ids) >= config.max_response_tokens:
+                trajectory.finish_reason = "token_budget"
+            elif parsed.status == "malformed":
+                record.outputs = []
+                still_active.append(i)
+            else:
+                pending += [(i, call) for call in parsed.calls]
+                still_active.append(i)
+        outputs = executor([call for _, call in pending]) if pending else []
+        if len(outputs) != len(pending):
+            raise ValueError(f"executor returned {len(outputs)} outputs for {len(pending)} calls")
+        by_row: dict[int, list[ToolOutput]] = {}
+        for (i, _call), output in zip(pending, outputs, strict=True):
+            by_row.setdefault(i, []).append(output)
+        active = []
+        for i in still_active:
+            trajectory = trajectories[i]
+            record = trajectory.turns[-1]
+            if record.parsed.status == "malformed":
+                content = f"Error: {record.parsed.error}"
+            else:
+                record.outputs = by_row.get(i, [])
+                content = "\n".join(o.text for o in record.outputs)
+            text, obs_ids = _observation_ids(content, fmt, tokenizer,
+                                             config.max_observation_tokens,
+                                             config.truncation_marker)
+            if len(trajectory.response_ids) + len(obs_ids) >= config.max_response_tokens:
+                trajectory.finish_reason = "token_budget"  # no room to answer after it
+                continue
+            record.observation = text
+            start = len(trajectory.response_ids)
+            trajectory.response_ids += obs_ids
+            trajectory.loss_mask += [0] * len(obs_ids)
+            trajectory.turn_ids += [turn] * len(obs_ids)
+            trajectory.observation_spans.append((start, len(trajectory.response_ids)))
+            active.append(i)
+    for i in active:  # the loop ran out of turns right after an observation
+        trajectories[i].finish_reason = "max_turns"
+    return trajectories
+
+
+def shaped_reward(task_reward: float, trajectory: Trajectory, config: AgentConfig) -> float:
+    """The task reward minus the configured penalties for broken calls and cut episodes."""
+    reward = task_reward
+    reward -= config.malformed_call_penalty * trajectory.num_malformed_calls
+    reward -= config.unknown_tool_penalty * trajectory.num_unknown_tool_calls
+    if trajectory.finish_reason in ("length", "unterminated_call", "max_turns", "token_budget"):
+        reward -= config.truncation_penalty
+    return reward
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Batch statistics for ``metrics.jsonl``: tool-call rate (fraction of trajectories with at
+    least one executed call), calls and turns per trajectory, the fraction of response tokens that
+    are observations, malformed and unknown-tool call rates, and the share of each finish
+    reason."""
+    n = max(len(trajectories), 1)
+    total_tokens = sum(len(t.response_ids) for t in trajectories)
+    observation_tokens = sum(t.num_observation_tokens for t in trajectories)
+    turns = sum(len(t.turns) for t in trajectories)
+    metrics = {
+        "agent/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajectories) / n,
+        "agent/tool_calls_per_trajectory": sum(t.num_tool_calls for t in trajectories) / n,
+        "agent/turns_per_trajectory": turns / n,
+        "agent/observation_token_fraction": observation_tokens / max(total_tokens, 1),
+        "agent/malformed_call_rate": sum(t.num_malformed_calls for t in trajectories)
+        / max(turns, 1),
+        "agent/unknown_tool_rate": sum(t.num_unknown_tool_calls for t in trajectories)
+        / max(sum(t.num_tool_calls for t in trajectories), 1),
+        "agent/response_tokens_mean": total_tokens / n,
+    }
+    reasons = Counter(t.finish_reason for t in trajectories)
+    for reason in ("answer", "tool_call", "max_turns", "length", "unterminated_call",
+                   "token_budget"):
+        metrics[f"agent/finish_{reason}"] = reasons.get(reason, 0) / n  # type: ignore[call-overload]
+    return metrics
+
+
+def trajectories_to_tensors(trajectories: Sequence[Trajectory], pad_id: int
+                            ) -> dict[str, torch.Tensor]:
+    """Right-padded ``[B, T]`` tensors over the responses (the project's convention).
+
+    Returns:
+        ``response_ids`` (int64, ``pad_id`` padding), ``mask`` (1 policy token, 0 observation
+        and padding), ``observation_mask`` (1 on observation tokens), ``turn_ids`` (int64, -1 on
+        padding), ``response_lengths`` (``[B]``).
+    """
+    import torch
+
+    if not trajectories:
+        raise ValueError("trajectories must not be empty")
+    width = max(max(len(t.response_ids) for t in trajectories), 1)
+    batch = len(trajectories)
+    response_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    mask = torch.zeros((batch, width), dtype=torch.float32)
+    observation = torch.zeros((batch, width), dtype=torch.float32)
+    turn_ids = torch.full((batch, width), -1, dtype=torch.long)
+    for row, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        if n:
+            response_ids[row, :n] = torch.tensor(t.response_ids)
+            loss_mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+            mask[row, :n] = loss_mask
+            observation[row, :n] = 1.0 - loss_mask
+            turn_ids[row, :n] = torch.tensor(t.turn_ids)
+    lengths = torch.tensor([len(t.response_ids) for t in trajectories], dtype=torch.long)
+    return {"response_ids": response_ids, "mask": mask, "observation_mask": observation,
+            "turn_ids": turn_ids, "response_lengths": lengths}
+
+
+# --- a generate function for Hugging Face models ---------------------------------------------
+def hf_generate(model: Any, tokenizer: Any, *, temperature: float = 1.0, top_p: float = 1.0,
+                do_sample: bool = True, stop_ids: Sequence[int] | None = None) -> GenerateFn:
+    """A :data:`GenerateFn` over ``model.generate`` (left-padded batch, stop strings honoured).
+
+    Convenient for tests and evaluation; the trainer plugs in its own KV-cache sampler.
+    """
+    import torch
+
+    eos = list(stop_ids) if stop_ids is not None else [tokenizer.eos_token_id]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+
+    @torch.no_grad()
+    def generate(prompts: list[list[int]], stop_strings: list[str],
+                 max_new_tokens: list[int]) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        device = next(model.parameters()).device
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
+        kwargs: dict[str, Any] = {"do_sample": do_sample}
+        if do_sample:
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        output = model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device),
+            max_new_tokens=max(max_new_tokens), eos_token_id=eos, pad_token_id=pad_id,
+            stop_strings=list(stop_strings) or None, tokenizer=tokenizer, **kwargs,
+        )[:, width:].tolist()
+        rows = []
+        for ids, cap in zip(output, max_new_tokens, strict=True):
+            ids = ids[:cap]
+            for position, token in enumerate(ids):
+                if token in eos:
+                    ids = ids[: position + 1]
+                    break
+            else:
+                while ids and ids[-1] == pad_id:  # rows that stopped on a stop string
+                    ids.pop()
+            rows.append(ids)
+        return rows
+
+    return generate

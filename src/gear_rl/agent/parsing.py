@@ -1,0 +1,186 @@
+"""Tool-call formats and parsing for multi-turn agent rollouts.
+
+Two formats, both configurable through :class:`ToolCallFormat`:
+
+- ``python``: the tool-integrated-reasoning format (as in ToRL / SimpleTIR style math agents): the
+  policy writes code between ``<python>`` and ``</python>``; the environment answers with the
+  output between ``<result>`` and ``</result>``.
+- ``json``: function calling (the Hermes / Qwen convention, also ToolRL's): one JSON object per
+  line between ``<tool_call>`` and ``</tool_call>``, each ``{"name": ..., "arguments": {...}}``
+  (``"parameters"`` is accepted as a synonym, as ToolRL's data uses it); the environment answers
+  between ``<tool_response>`` and ``</tool_response>``.
+
+Parsing never raises on model text: every outcome is a :class:`ParsedTurn` with a ``status``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "JSON_FORMAT",
+    "PYTHON_FORMAT",
+    "CallStatus",
+    "ParsedTurn",
+    "ToolCall",
+    "ToolCallFormat",
+    "get_format",
+    "parse_json_calls",
+    "parse_turn",
+]
+
+CallStatus = Literal["none", "ok", "malformed", "unterminated"]
+
+
+@dataclass(frozen=True)
+class ToolCallFormat:
+    """How a tool call is written and how its result is shown.
+
+    Attributes:
+        kind: ``"python"`` (the call body is code) or ``"json"`` (the body is JSON calls).
+        open_tag, close_tag: delimiters of a call; ``close_tag`` is the generation stop string.
+        observation_template: text appended after a call, with ``{output}`` for the tool output.
+            It is tokenized on its own and masked out of the loss.
+        strip_code_fences: for ``python``, drop a surrounding Markdown code fence.
+    """
+
+    kind: Literal["python", "json"]
+    open_tag: str
+    close_tag: str
+    observation_template: str
+    strip_code_fences: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("python", "json"):
+            raise ValueError(f"kind must be 'python' or 'json', got {self.kind!r}")
+        if not self.open_tag or not self.close_tag or self.open_tag == self.close_tag:
+            raise ValueError("open_tag and close_tag must be distinct non-empty strings")
+        if "{output}" not in self.observation_template:
+            raise ValueError("observation_template must contain '{output}'")
+
+
+PYTHON_FORMAT = ToolCallFormat(
+    kind="python", open_tag="<python>", close_tag="</python>",
+    observation_template="\n<result>\n{output}\n</result>\n",
+)
+JSON_FORMAT = ToolCallFormat(
+    kind="json", open_tag="<tool_call>", close_tag="</tool_call>",
+    observation_template="\n<tool_response>\n{output}\n</tool_response>\n",
+)
+
+
+def get_format(name: str | ToolCallFormat) -> ToolCallFormat:
+    """``"python"`` or ``"json"`` (or a ``ToolCallFormat``, returned as is)."""
+    if isinstance(name, ToolCallFormat):
+        return name
+    formats = {"python": PYTHON_FORMAT, "json": JSON_FORMAT}
+    if name not in formats:
+        raise ValueError(f"tool-call format must be one of {sorted(formats)}, got {name!r}")
+    return formats[name]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: a function name with arguments, or (python format) code."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    code: str | None = None
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """What one policy turn asked for.
+
+    Attributes:
+        status: ``"none"`` (no call: a final answer), ``"ok"`` (one or more well-formed calls),
+            ``"malformed"`` (a complete call whose body does not parse), ``"unterminated"`` (an
+            opening tag without its closing tag).
+        calls: the parsed calls (empty unless ``status == "ok"``).
+        error: why a call is malformed.
+        body: the raw text between the tags (``None`` without a complete call).
+    """
+
+    status: CallStatus
+    calls: tuple[ToolCall, ...] = ()
+    error: str | None = None
+    body: str | None = None
+
+
+_FENCE = re.compile(r"^\s*```[a-zA-Z0-9_+-]*\s*\n(.*?)\n?\s*```\s*$", re.S)
+
+
+def _call_from_object(obj: Any) -> ToolCall:
+    if not isinstance(obj, dict):
+        raise ValueError(f"a call must be a JSON object, got {type(obj).__name__}")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError("a call needs a non-empty string 'name'")
+    if "arguments" in obj:
+        arguments = obj["arguments"]
+    else:
+        arguments = obj.get("parameters", {})
+    if isinstance(arguments, str):  # OpenAI-style arguments serialised as a string
+        arguments = json.loads(arguments) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+        raise ValueError(f"'arguments' of {name!r} must be an object")
+    return ToolCall(name=name, arguments=arguments)
+
+
+def parse_json_calls(body: str) -> tuple[ToolCall, ...]:
+    """Parse a ``<tool_call>`` body: one JSON object, a JSON list of objects, or one object per
+    line (ToolRL). Raises ``ValueError`` (``json.JSONDecodeError`` is one) when it does not parse.
+    """
+    text = body.strip()
+    if not text:
+        raise ValueError("empty tool call")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        lines = [line for line in text.splitlines() if line.strip()]
+        if len(lines) < 2:
+            raise
+        parsed = [json.loads(line) for line in lines]
+    objects = parsed if isinstance(parsed, list) else [parsed]
+    if not objects:
+        raise ValueError("empty list of tool calls")
+    return tuple(_call_from_object(obj) for obj in objects)
+
+
+def parse_turn(text: str, fmt: ToolCallFormat) -> ParsedTurn:
+    """Parse the text of one policy turn (generation stops at ``fmt.close_tag``).
+
+    The call is the last ``open_tag`` before the first ``close_tag``. Text after the close tag is
+    ignored (the rollout loop cuts it off before it gets here).
+    """
+    close = text.find(fmt.close_tag)
+    head = text if close < 0 else text[:close]
+    start = head.rfind(fmt.open_tag)
+    if close < 0:
+        if start >= 0:
+            return ParsedTurn(status="unterminated", error=f"no {fmt.close_tag} after "
+                                                           f"{fmt.open_tag}")
+        return ParsedTurn(status="none")
+    if start < 0:
+        return ParsedTurn(status="malformed", error=f"{fmt.close_tag} without {fmt.open_tag}",
+                          body="")
+    body = head[start + len(fmt.open_tag):]
+    if fmt.kind == "python":
+        code = body
+        if fmt.strip_code_fences:
+            fenced = _FENCE.match(code)
+            if fenced:
+                code = fenced.group(1)
+        code = code.strip("\n")
+        if not code.strip():
+            return ParsedTurn(status="malformed", error="empty code block", body=body)
+        return ParsedTurn(status="ok", calls=(ToolCall(name="python", code=code),), body=body)
+    try:
+        calls = parse_json_calls(body)
+    except (ValueError, TypeError) as exc:
+        return ParsedTurn(status="malformed", error=f"could not parse the tool call: {exc}",
+                          body=body)
+    return ParsedTurn(status="ok", calls=calls, body=body)

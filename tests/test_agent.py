@@ -1,0 +1,332 @@
+"""Multi-turn agent rollouts: parsing, the batched loop, masks, limits, and the real tiny model.
+
+The loop is driven either by a scripted ``generate`` that replays fixed strings through the real
+byte-level tokenizer of ``gear_rl.models`` (so every token boundary, mask and span is exact), or
+by the real tiny random model through ``hf_generate``. Python calls run in a real sandbox.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gear_rl.agent import (
+    JSON_FORMAT,
+    PYTHON_FORMAT,
+    AgentConfig,
+    FunctionExecutor,
+    PythonExecutor,
+    ToolCall,
+    ToolCallFormat,
+    ToolOutput,
+    format_sandbox_output,
+    hf_generate,
+    parse_json_calls,
+    parse_turn,
+    rollout_metrics,
+    run_agent,
+    shaped_reward,
+    trajectories_to_tensors,
+)
+from gear_rl.agent.tools import PythonSandbox
+from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+
+EOS = "<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with PythonSandbox(workers=2, timeout_s=2.0, memory_mb=256) as pool:
+        yield pool
+
+
+class Scripted:
+    """A generate function that answers each prompt with its scripted turns, in order.
+
+    Rows are recognised by their original prompt (a prefix of every later input). It ignores
+    ``stop_strings`` on purpose, like a sampler that only knows EOS ids: the loop must cut.
+    """
+
+    def __init__(self, tokenizer, scripts: dict[str, list[str]]) -> None:
+        self.tokenizer = tokenizer
+        self.prompts = {p: tokenizer.encode(p, add_special_tokens=False) for p in scripts}
+        self.scripts = {p: list(turns) for p, turns in scripts.items()}
+        self.batch_sizes: list[int] = []
+        self.requested_budgets: list[list[int]] = []
+
+    def prompt_ids(self) -> list[list[int]]:
+        return list(self.prompts.values())
+
+    def __call__(self, prompts, stop_strings, max_new_tokens):
+        self.batch_sizes.append(len(prompts))
+        self.requested_budgets.append(list(max_new_tokens))
+        rows = []
+        for ids, cap in zip(prompts, max_new_tokens, strict=True):
+            [name] = [p for p, pid in self.prompts.items() if ids[: len(pid)] == pid]
+            text = self.scripts[name].pop(0)
+            rows.append(self.tokenizer.encode(text, add_special_tokens=False)[:cap])
+        return rows
+
+
+# --- parsing --------------------------------------------------------------------------------
+def test_parse_python_calls():
+    assert parse_turn("Let me compute. <python>print(1 + 1)</python>", PYTHON_FORMAT).calls == (
+        ToolCall(name="python", code="print(1 + 1)"),)
+    fenced = parse_turn("<python>\n```python\nx = 2\nprint(x)\n```\n</python>", PYTHON_FORMAT)
+    assert fenced.status == "ok" and fenced.calls[0].code == "x = 2\nprint(x)"
+    assert parse_turn("The answer is 4.", PYTHON_FORMAT).status == "none"
+    assert parse_turn("<python>print(1)", PYTHON_FORMAT).status == "unterminated"
+    assert parse_turn("<python>  \n</python>", PYTHON_FORMAT).status == "malformed"
+    assert parse_turn("oops </python>", PYTHON_FORMAT).status == "malformed"
+    # the last opening tag before the first closing tag is the call
+    assert parse_turn("<python>a <python>print(3)</python>", PYTHON_FORMAT).calls[0].code == (
+        "print(3)")
+
+
+def test_parse_json_calls_all_layouts():
+    one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    assert parse_json_calls(one) == (ToolCall("add", {"a": 1, "b": 2}),)
+    assert parse_json_calls(f"[{one}, {one}]") == (ToolCall("add", {"a": 1, "b": 2}),) * 2
+    toolrl = '{"name": "f", "parameters": {"x": "y"}}\n{"name": "g", "parameters": {}}'
+    assert parse_json_calls(toolrl) == (ToolCall("f", {"x": "y"}), ToolCall("g", {}))
+    openai = '{"name": "f", "arguments": "{\\"x\\": 1}"}'
+    assert parse_json_calls(openai) == (ToolCall("f", {"x": 1}),)
+    for bad in ('{"name": "f", "arguments": {"x": 1}', '{"arguments": {}}', "[]", "",
+                '{"name": "f", "arguments": [1]}', '"just a string"'):
+        turn = parse_turn(f"<tool_call>{bad}</tool_call>", JSON_FORMAT)
+        assert turn.status == "malformed" and turn.error, bad
+
+
+def test_format_validation():
+    with pytest.raises(ValueError, match="output"):
+        ToolCallFormat(kind="python", open_tag="<a>", close_tag="</a>", observation_template="x")
+    with pytest.raises(ValueError, match="kind"):
+        ToolCallFormat(kind="sql", open_tag="<a>", close_tag="</a>",  # type: ignore[arg-type]
+                       observation_template="{output}")
+    with pytest.raises(ValueError, match="format"):
+        AgentConfig(tool_format="xml")
+    with pytest.raises(ValueError, match="max_turns"):
+        AgentConfig(max_turns=0)
+
+
+# --- the loop, scripted ---------------------------------------------------------------------
+def test_python_tool_round_trip_masks_and_spans(tokenizer, sandbox):
+    script = Scripted(tokenizer, {
+        "Q1: what is 2+2?\n": ["I will compute. <python>print(2 + 2)</python> JUNK AFTER TAG",
+                               f"The answer is 4.{EOS}"],
+        "Q2: say hi\n": [f"hi{EOS}"],
+    })
+    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentConfig(),
+                             PythonExecutor(sandbox))
+    first, second = trajectories
+    assert first.finish_reason == "answer" and second.finish_reason == "answer"
+    assert first.transcript() == ("I will compute. <python>print(2 + 2)</python>"
+                                  "\n<result>\n4\n</result>\n"
+                                  "The answer is 4.")
+    assert tokenizer.decode(first.response_ids) == first.transcript() + EOS
+    # the observation is exactly the masked-out span, attributed to turn 0
+    [(start, end)] = first.observation_spans
+    assert tokenizer.decode(first.response_ids[start:end]) == "\n<result>\n4\n</result>\n"
+    assert first.loss_mask == [1] * start + [0] * (end - start) + [1] * (
+        len(first.response_ids) - end)
+    assert first.turn_ids == [0] * end + [1] * (len(first.response_ids) - end)
+    assert first.num_tool_calls == 1 and first.turns[0].outputs == [ToolOutput("4")]
+    assert second.observation_spans == [] and second.loss_mask == [1] * len(second.response_ids)
+    # finished rows leave the batch: two rows in turn 0, one in turn 1
+    assert script.batch_sizes == [2, 1]
+
+
+def test_tool_errors_and_limits_become_observations(tokenizer, sandbox):
+    script = Scripted(tokenizer, {
+        "error\n": ["<python>1/0</python>", f"sorry{EOS}"],
+        "slow\n": ["<python>while True: pass</python>", f"gave up{EOS}"],
+        "empty\n": ["<python>\n</python>", f"ok{EOS}"],
+    })
+    config = AgentConfig(max_observation_tokens=200)
+    error, slow, empty = run_agent(script.prompt_ids(), script, tokenizer, config,
+                                   PythonExecutor(sandbox, timeout_s=0.5))
+    assert "ZeroDivisionError: division by zero" in error.turns[0].observation
+    assert error.turns[0].outputs[0].error == "tool_error"
+    assert "timed out after 0.5 s" in slow.turns[0].observation
+    assert slow.turns[0].outputs[0].error == "timeout"
+    assert empty.turns[0].observation == "\n<result>\nError: empty code block\n</result>\n"
+    assert empty.num_malformed_calls == 1 and empty.num_tool_calls == 0
+    assert all(t.finish_reason == "answer" for t in (error, slow, empty))
+
+
+def test_long_output_is_cut_to_the_observation_cap(tokenizer, sandbox):
+    script = Scripted(tokenizer, {"p\n": ["<python>print('x' * 5000)</python>", f"done{EOS}"]})
+    config = AgentConfig(max_observation_tokens=50, max_response_tokens=400)
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer, config,
+                             PythonExecutor(sandbox))
+    observation = trajectory.turns[0].observation
+    assert observation == "\n<result>\n" + "x" * 50 + "\n...[truncated]\n</result>\n"
+    assert trajectory.finish_reason == "answer"
+
+
+def test_turn_limit_and_token_budget(tokenizer, sandbox):
+    looping = ["<python>print(1)</python>"] * 3
+    script = Scripted(tokenizer, {"loop\n": list(looping)})
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
+                             AgentConfig(max_turns=3), PythonExecutor(sandbox))
+    assert trajectory.finish_reason == "max_turns"
+    assert trajectory.num_tool_calls == 2  # the call of the last allowed turn is not run
+    assert len(trajectory.observation_spans) == 2 and trajectory.turns[-1].observation is None
+
+    # budget: 40 tokens; the first turn (25 tokens) and its observation (21) do not both fit
+    script = Scripted(tokenizer, {"budget\n": ["<python>print(12345)</python>", "never"]})
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
+                             AgentConfig(max_response_tokens=40), PythonExecutor(sandbox))
+    assert trajectory.finish_reason == "token_budget"
+    assert len(trajectory.response_ids) <= 40 and trajectory.observation_spans == []
+
+    # a turn cut by the remaining budget in the middle of the text
+    script = Scripted(tokenizer, {"long\n": ["<python>print(1)</python>", "a" * 500]})
+    config = AgentConfig(max_response_tokens=60, max_new_tokens_per_turn=100)
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer, config,
+                             PythonExecutor(sandbox))
+    assert trajectory.finish_reason == "length" and len(trajectory.response_ids) == 60
+    assert script.requested_budgets[-1] == [60 - trajectory.observation_spans[0][1]]
+
+
+def test_unterminated_call_and_plain_length(tokenizer, sandbox):
+    script = Scripted(tokenizer, {"u\n": [f"<python>print(1){EOS}"], "l\n": ["b" * 30]})
+    config = AgentConfig(max_new_tokens_per_turn=20)
+    unterminated, long = run_agent(script.prompt_ids(), script, tokenizer, config,
+                                   PythonExecutor(sandbox))
+    assert unterminated.finish_reason == "unterminated_call"
+    assert unterminated.num_malformed_calls == 1 and unterminated.num_tool_calls == 0
+    assert long.finish_reason == "length" and len(long.response_ids) == 20
+
+
+def test_json_calls_unknown_tools_and_function_errors(tokenizer):
+    executor = FunctionExecutor({"add": lambda a, b: a + b,
+                                 "div": lambda a, b: a / b})
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+    script = Scripted(tokenizer, {
+        "add\n": [call, f"5{EOS}"],
+        "unknown\n": ['<tool_call>{"name": "mul", "arguments": {}}</tool_call>', f"hm{EOS}"],
+        "broken\n": ['<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>', f"x{EOS}"],
+        "raises\n": ['<tool_call>{"name": "div", "arguments": {"a": 1, "b": 0}}</tool_call>',
+                     f"y{EOS}"],
+        "parallel\n": ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n'
+                       '{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>', f"z{EOS}"],
+    })
+    config = AgentConfig(tool_format="json", unknown_tool_penalty=0.5, malformed_call_penalty=1.0)
+    add, unknown, broken, raises, parallel = run_agent(script.prompt_ids(), script, tokenizer,
+                                                       config, executor)
+    assert add.turns[0].observation == "\n<tool_response>\n5\n</tool_response>\n"
+    assert unknown.turns[0].outputs[0] == ToolOutput(
+        "Error: unknown tool 'mul'; available: add, div", error="unknown_tool")
+    assert broken.turns[0].observation.startswith("\n<tool_response>\nError: could not parse")
+    assert raises.turns[0].outputs[0].text == "Error: ZeroDivisionError: division by zero"
+    assert parallel.turns[0].observation == "\n<tool_response>\n2\n4\n</tool_response>\n"
+    assert shaped_reward(1.0, unknown, config) == 0.5
+    assert shaped_reward(1.0, broken, config) == 0.0
+    assert shaped_reward(1.0, add, config) == 1.0
+
+
+def test_function_calling_stops_at_the_call(tokenizer):
+    script = Scripted(tokenizer, {"q\n": [
+        '<think>easy</think>\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
+        " trailing text the model kept writing"]})
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
+                             AgentConfig(tool_format="json", stop_after_tool_call=True))
+    assert trajectory.finish_reason == "tool_call"
+    assert trajectory.final_text.endswith("</tool_call>")
+    assert trajectory.turns[0].parsed.calls == (ToolCall("f", {"x": 1}),)
+    assert trajectory.loss_mask == [1] * len(trajectory.response_ids)
+
+
+def test_bad_arguments(tokenizer):
+    with pytest.raises(ValueError, match="executor"):
+        run_agent([[1, 2]], lambda *a: [[1]], tokenizer, AgentConfig())
+    with pytest.raises(ValueError, match="prompts"):
+        run_agent([[]], lambda *a: [[1]], tokenizer, AgentConfig(stop_after_tool_call=True))
+    with pytest.raises(ValueError, match="generate returned"):
+        run_agent([[1], [2]], lambda *a: [[1]], tokenizer, AgentConfig(stop_after_tool_call=True))
+
+
+def test_tensors_and_metrics(tokenizer, sandbox):
+    script = Scripted(tokenizer, {
+        "a\n": ["<python>print(7)</python>", f"7{EOS}"],
+        "b\n": [f"no tool{EOS}"],
+    })
+    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentConfig(),
+                             PythonExecutor(sandbox))
+    tensors = trajectories_to_tensors(trajectories, pad_id=tokenizer.pad_token_id)
+    lengths = [len(t.response_ids) for t in trajectories]
+    assert tensors["response_ids"].shape == (2, max(lengths))
+    assert tensors["response_lengths"].tolist() == lengths
+    for row, t in enumerate(trajectories):
+        n = lengths[row]
+        assert tensors["mask"][row, :n].tolist() == [float(m) for m in t.loss_mask]
+        assert tensors["mask"][row, n:].sum() == 0 and (tensors["turn_ids"][row, n:] == -1).all()
+        assert tensors["observation_mask"][row, :n].tolist() == [1.0 - m for m in t.loss_mask]
+    metrics = rollout_metrics(trajectories)
+    assert metrics["agent/tool_call_rate"] == 0.5
+    assert metrics["agent/tool_calls_per_trajectory"] == 0.5
+    observation = trajectories[0].num_observation_tokens
+    assert metrics["agent/observation_token_fraction"] == pytest.approx(observation / sum(lengths))
+    assert metrics["agent/finish_answer"] == 1.0
+
+
+def test_sandbox_output_formatting():
+    assert format_sandbox_output("4\n", "", 0, None) == "4"
+    assert format_sandbox_output("", "", 0, None) == "(no output)"
+    assert format_sandbox_output("", "Traceback\nValueError: x\n", 1, None) == (
+        "Traceback\nValueError: x")
+    assert format_sandbox_output("partial\n", "", -9, "timeout", timeout_s=2) == (
+        "partial\nError: execution timed out after 2 s")
+    assert format_sandbox_output("", "", 3, None) == "Error: exit status 3"
+
+
+# --- the real tiny model --------------------------------------------------------------------
+def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
+    """A random model writes random bytes; force tool calls by seeding each prompt's response
+    with an open call, and check every structural invariant holds whatever it generates."""
+    import torch
+
+    model = tiny_random_model(seed=0, initializer_range=0.2)
+    base = hf_generate(model, tokenizer, temperature=1.0, top_p=1.0,
+                       stop_ids=[tokenizer.eos_token_id])
+    forced_call = tokenizer.encode("<python>print(6*7)</python>", add_special_tokens=False)
+    calls = {"count": 0}
+
+    def generate(prompts, stop_strings, max_new_tokens):
+        # turn 0 of the first two rows: the real model after a forced tool call
+        rows = base(prompts, stop_strings, max_new_tokens)
+        if calls["count"] == 0:
+            rows[0] = forced_call
+            rows[1] = forced_call
+        calls["count"] += 1
+        return rows
+
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"question {i}"}],
+                                             add_generation_prompt=True, tokenize=True)
+               for i in range(4)]
+    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p)
+               for p in prompts]
+    torch.manual_seed(0)
+    config = AgentConfig(max_turns=3, max_new_tokens_per_turn=40, max_response_tokens=160)
+    trajectories = run_agent(prompts, generate, tokenizer, config, PythonExecutor(sandbox))
+    assert len(trajectories) == 4
+    for t in trajectories:
+        n = len(t.response_ids)
+        assert len(t.loss_mask) == len(t.turn_ids) == n <= config.max_response_tokens
+        assert t.finish_reason is not None
+        covered = [0] * n
+        for start, end in t.observation_spans:
+            assert 0 <= start < end <= n
+            for k in range(start, end):
+                covered[k] = 1
+        assert covered == [1 - m for m in t.loss_mask]
+        assert t.turn_ids == sorted(t.turn_ids)
+    for t in trajectories[:2]:
+        assert t.turns[0].observation == "\n<result>\n42\n</result>\n"
+        assert t.num_observation_tokens == len(t.turns[0].observation.encode())
+    assert rollout_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
