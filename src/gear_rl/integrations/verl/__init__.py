@@ -1,0 +1,144 @@
+"""GEAR inside verl: the ``verl.plugins`` entry point of gear-rl.
+
+GEAR: "Granularity-adaptivE Advantage Reweighting", arXiv 2605.11853.
+
+verl 0.9.1 imports every entry point of the group ``verl.plugins`` at the end of ``import verl``
+(``verl/__init__.py``; ``VERL_USE_EXTERNAL_PLUGINS=none`` turns that off, and a plugin that fails is
+logged only at DEBUG). gear-rl's entry point is this module; importing it
+
+1. registers every gear-rl estimator with ``verl.trainer.ppo.core_algos``
+   (``algorithm.adv_estimator=gear``, ``gear_token_kl``, ..., ``rlsd``, ``dr_grpo``,
+   ``gear_rl_grpo``), and
+2. makes the trainer modes ``gear`` (verl's ``sync`` loop) and ``gear_colocate_async`` available to
+   ``trainer.v1.trainer_mode``. verl imports its v1 trainer package lazily (only the process that
+   runs the trainer needs it, and it pulls TransferQueue, FastAPI and more), so the trainer classes
+   are registered the moment ``verl.trainer.ppo.v1`` finishes importing, not here.
+
+Switch GEAR on (docs/verl.md)::
+
+    algorithm.adv_estimator=gear trainer.use_v1=True trainer.v1.trainer_mode=gear \\
+    +algorithm.gear.lambda_kl=0.1 +algorithm.gear.lambda_h=1.5 +algorithm.gear.alpha=1.0
+
+Without the entry point (``VERL_USE_EXTERNAL_PLUGINS=none``, or gear-rl not pip-installed in the
+Ray workers' env), ``VERL_USE_EXTERNAL_MODULES=gear_rl.integrations.verl`` loads the same module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from types import ModuleType
+from typing import Any
+
+from gear_rl.integrations.verl.estimators import (
+    RENAMED,
+    VERL_ESTIMATORS,
+    VerlGEARSettings,
+    VerlSignals,
+    divergence_from_logprobs,
+    gear_rl_name,
+    provide_signals,
+    register_estimators,
+    settings_from_algorithm,
+    signals_from_logprobs,
+    verl_name,
+)
+
+logger = logging.getLogger(__name__)
+
+TRAINER_MODES: tuple[str, ...] = ("gear", "gear_colocate_async")
+_V1 = "verl.trainer.ppo.v1"
+_TRAINER_MODULE = "gear_rl.integrations.verl.trainer"
+
+__all__ = [
+    "RENAMED",
+    "TRAINER_MODES",
+    "VERL_ESTIMATORS",
+    "VerlGEARSettings",
+    "VerlSignals",
+    "divergence_from_logprobs",
+    "gear_rl_name",
+    "provide_signals",
+    "register",
+    "register_estimators",
+    "register_trainer_modes",
+    "settings_from_algorithm",
+    "signals_from_logprobs",
+    "verl_name",
+]
+
+
+class _RegisteringLoader(importlib.abc.Loader):
+    """Runs verl's own loader for ``verl.trainer.ppo.v1``, then registers the GEAR trainers."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _remove_hook()
+        _import_trainer_module()
+
+    def __getattr__(self, name: str) -> Any:  # resource readers, is_package, ...
+        return getattr(self._inner, name)
+
+
+class _TrainerModeHook(importlib.abc.MetaPathFinder):
+    """Finds ``verl.trainer.ppo.v1`` the normal way and wraps its loader."""
+
+    def find_spec(self, fullname: str, path: Any = None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _V1:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _RegisteringLoader(spec.loader)
+        return spec
+
+
+_HOOK = _TrainerModeHook()
+
+
+def _remove_hook() -> None:
+    while _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)
+
+
+def _import_trainer_module() -> bool:
+    try:
+        importlib.import_module(_TRAINER_MODULE)
+    except Exception as err:
+        logger.warning("gear-rl: could not register the verl trainer modes %s: %r",
+                       TRAINER_MODES, err)
+        return False
+    return True
+
+
+def register_trainer_modes() -> bool:
+    """Register the ``gear`` trainer modes now if verl's v1 trainer is imported, else as soon as
+    it is. Returns ``True`` when they are registered now."""
+    module = sys.modules.get(_V1)
+    if module is not None and getattr(module, "register_trainer", None) is not None:
+        _remove_hook()
+        return _import_trainer_module()
+    if _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+    return False
+
+
+def register() -> list[str]:
+    """Register the estimators (now) and the trainer modes (now or on import of verl's v1
+    trainer). Idempotent; runs when this module is imported. Returns the estimator names."""
+    names = register_estimators()
+    register_trainer_modes()
+    return names
+
+
+register()
