@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import gc
 import json
 import os
 import platform
@@ -344,14 +345,21 @@ def _seccomp_program() -> bytes | None:
     return b"".join(struct.pack("HBBI", *insn) for insn in insns)
 
 
-def _install_seccomp(program: bytes) -> None:
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-    buffer = ctypes.create_string_buffer(program)
-    fprog = SockFprog(len(program) // 8, ctypes.addressof(buffer))
-    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0),
-           "seccomp")
+
+class PreparedFilter:
+    """A seccomp program laid out in memory once, in the worker; each child only calls prctl
+    (building the ctypes objects in every child costs page faults)."""
+
+    def __init__(self, program: bytes) -> None:
+        self.buffer = ctypes.create_string_buffer(program)
+        self.fprog = _SockFprog(len(program) // 8, ctypes.addressof(self.buffer))
+        self.address = ctypes.addressof(self.fprog)
+
+    def install(self) -> None:
+        _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self.address, 0, 0), "seccomp")
 
 
 def _drop_capabilities() -> None:
@@ -397,16 +405,9 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.chdir(scratch)
         os.umask(0o077)
-        env = {"PATH": config["path_env"], "LANG": config["lang"], "HOME": scratch,
-               "TMPDIR": scratch, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "MALLOC_ARENA_MAX": "2"}
-        os.environ.clear()
-        os.environ.update(env)
+        # the rest of the environment was set once in the worker (see code_environment)
+        os.environ["HOME"] = os.environ["TMPDIR"] = scratch
         sys.dont_write_bytecode = True
-        # glibc reserves 64 MiB of address space per thread arena: under RLIMIT_AS a handful of
-        # threads would exhaust the limit without using memory (the env var covers subprocesses)
-        _libc.mallopt(-8, 2)  # M_ARENA_MAX
         limits = request["limits"]
         cpu = max(1, int(-(-limits["cpu_s"] // 1)))
         memory = int(limits["memory_mb"]) << 20
@@ -432,7 +433,7 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
         elif iso["mode"] == "userns":
             _drop_capabilities()
         if iso["seccomp"]:
-            _install_seccomp(config["_seccomp_program"])
+            config["_seccomp_filter"].install()
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
                           closefd=False)
@@ -507,6 +508,16 @@ def _count_own_tasks() -> int | None:
     except OSError:
         return None
     return total
+
+
+def code_environment(config: dict) -> dict[str, str]:
+    """The environment sandboxed code sees (plus per-run ``HOME`` and ``TMPDIR``). Set in the
+    worker once, so children only add two variables. ``MALLOC_ARENA_MAX`` is also in the
+    worker's own start-up environment (glibc reads it once): under ``RLIMIT_AS`` a handful of
+    threads would otherwise exhaust the limit with 64 MiB arena reservations."""
+    return {"PATH": config["path_env"], "LANG": config["lang"], "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
 
 
 def _safe_print_exception(exc: BaseException) -> None:
@@ -712,6 +723,10 @@ def execute(request: dict, config: dict, iso: dict, channel: Channel, counter: i
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    # Move every object the worker holds out of the collector's reach: otherwise the child's
+    # first collection walks them all, faulting in a private copy of nearly every page
+    # (measured: compile("x=1") in a fresh child 4.2 ms of CPU without this, 1.05 ms with it).
+    gc.freeze()
     started = time.monotonic()
     pid = os.fork()
     if pid == 0:
@@ -859,8 +874,10 @@ def main() -> None:
         iso = isolate(config)
         program = _seccomp_program() if config.get("seccomp", True) else None
         if program is not None:
-            config["_seccomp_program"] = program
+            config["_seccomp_filter"] = PreparedFilter(program)
             iso["seccomp"] = True
+        os.environ.clear()
+        os.environ.update(code_environment(config))
         for module in config.get("preload", []):
             __import__(module)
     except BaseException as exc:
