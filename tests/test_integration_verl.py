@@ -31,15 +31,7 @@ from gear_rl.credit import (  # noqa: E402
     get_estimator,
     grpo_advantages,
 )
-from gear_rl.integrations.verl import (  # noqa: E402
-    VerlSignals,
-    divergence_from_logprobs,
-    provide_signals,
-    settings_from_algorithm,
-    signals_from_logprobs,
-    verl_name,
-)
-from gear_rl.integrations.verl.teacher import (  # noqa: E402
+from gear_rl.integrations.teacher_inputs import (  # noqa: E402
     APPENDED,
     NO_REFERENCE,
     RERENDERED,
@@ -50,6 +42,14 @@ from gear_rl.integrations.verl.teacher import (  # noqa: E402
     response_logprobs_from_sequence,
     splice_teacher_prompt,
     teacher_prompt_ids,
+)
+from gear_rl.integrations.verl import (  # noqa: E402
+    VerlSignals,
+    divergence_from_logprobs,
+    provide_signals,
+    settings_from_algorithm,
+    signals_from_logprobs,
+    verl_name,
 )
 
 

@@ -1,17 +1,18 @@
-"""The teacher inputs of GEAR's verl trainer mode, as plain functions (no Ray, no TransferQueue).
+"""Teacher inputs for the engine integrations, as plain functions (no engine, no I/O).
 
 GEAR (arXiv 2605.11853) scores the student's own response under the same model shown the
-reference. verl has no such teacher: its distillation teacher (``verl.experimental.teacher_loop``)
-is a separate model served on the student's unchanged prompt. So the trainer mode builds one row
-per trajectory: the hinted prompt followed by the *same* response token ids, runs it through the
-actor's ``compute_log_prob``, and cuts the response positions back out with verl's own
-``response_from_nested`` (the response is the suffix of both sequences, so a different prompt
-length changes nothing there).
+reference. An engine keeps the prompt ids it actually sampled with, which may differ from a plain
+re-rendering of the chat messages (verl's agent loops add tool schemas, truncate, or use
+model-specific builders; TRL may pass chat-template kwargs). So the teacher prompt starts from the
+stored ids: the messages are rendered twice with the tokenizer's template, without and with the
+hint (``gear_rl.signals.teacher``), and the difference is spliced into the stored ids
+(:func:`splice_teacher_prompt`). The response ids are never touched.
 
-The hinted prompt starts from the prompt ids verl actually sampled with, not from a re-rendering:
-verl's agent loops may add tool schemas, truncate, or use model-specific builders. We render the
-chat messages twice with the tokenizer's template, without and with the hint, and splice the
-difference into the stored ids (:func:`splice_teacher_prompt`).
+For verl, :func:`build_teacher_rows` makes one "hinted prompt + the same response" row per
+trajectory for the actor's ``compute_log_prob``; verl's ``response_from_nested`` cuts the response
+positions back out (the response is the suffix of both sequences, so a different prompt length
+changes nothing there). verl has no such teacher of its own: its distillation teacher
+(``verl.experimental.teacher_loop``) is a separate model served on the student's unchanged prompt.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ sees rewards, the response mask, the algorithm config and the uids. These traine
 things, and nothing else changes:
 
 1. **Teacher pass** (estimators that read the teacher): one extra forward of the actor over
-   "hinted prompt + the same response" (``gear_rl.integrations.verl.teacher``), through the
+   "hinted prompt + the same response" (``gear_rl.integrations.teacher_inputs``), through the
    actor's own ``compute_log_prob`` at the rollout temperature, so student and teacher log-probs
    come from the same engine and weights. The response log-probs are cut out with verl's
    ``response_from_nested`` and stored as ``gear_teacher_log_probs``.
@@ -43,15 +43,7 @@ from verl.utils.tokenizer.chat_template import apply_chat_template
 from verl.utils.tokenizer.tokenizer import normalize_token_ids
 from verl.workers.utils.padding import response_from_nested
 
-from gear_rl.integrations.verl.estimators import (
-    VerlGEARSettings,
-    VerlSignals,
-    gear_rl_name,
-    provide_signals,
-    settings_from_algorithm,
-    signals_from_logprobs,
-)
-from gear_rl.integrations.verl.teacher import (
+from gear_rl.integrations.teacher_inputs import (
     APPENDED,
     NO_REFERENCE,
     RERENDERED,
@@ -59,6 +51,14 @@ from gear_rl.integrations.verl.teacher import (
     SPLICED_TAIL,
     build_teacher_rows,
     lookup_reference,
+)
+from gear_rl.integrations.verl.estimators import (
+    VerlGEARSettings,
+    VerlSignals,
+    gear_rl_name,
+    provide_signals,
+    settings_from_algorithm,
+    signals_from_logprobs,
 )
 
 logger = logging.getLogger(__name__)
