@@ -312,7 +312,7 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p)
                for p in prompts]
     torch.manual_seed(0)
-    config = AgentConfig(max_turns=3, max_new_tokens_per_turn=40, max_response_tokens=160)
+    config = AgentConfig(max_turns=2, max_new_tokens_per_turn=32, max_response_tokens=128)
     trajectories = run_agent(prompts, generate, tokenizer, config, PythonExecutor(sandbox))
     assert len(trajectories) == 4
     for t in trajectories:
