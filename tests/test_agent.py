@@ -291,9 +291,17 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
     with an open call, and check every structural invariant holds whatever it generates."""
     import torch
 
+    from gear_rl.train.rollout import sample_responses
+
     model = tiny_random_model(seed=0, initializer_range=0.2)
-    base = hf_generate(model, tokenizer, temperature=1.0, top_p=1.0,
-                       stop_ids=[tokenizer.eos_token_id])
+    sampling = torch.Generator().manual_seed(0)
+
+    def base(prompts, stop_strings, max_new_tokens):
+        # the trainer's KV-cache sampler plugs in as it is: it knows EOS ids, not stop strings
+        return sample_responses(model, prompts, max_new_tokens=max(max_new_tokens),
+                                stop_ids=[tokenizer.eos_token_id],
+                                pad_id=tokenizer.pad_token_id, generator=sampling).response_ids
+
     forced_call = tokenizer.encode("<python>print(6*7)</python>", add_special_tokens=False)
     calls = {"count": 0}
 
@@ -311,7 +319,6 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
                for i in range(4)]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p)
                for p in prompts]
-    torch.manual_seed(0)
     config = AgentConfig(max_turns=2, max_new_tokens_per_turn=32, max_response_tokens=128)
     trajectories = run_agent(prompts, generate, tokenizer, config, PythonExecutor(sandbox))
     assert len(trajectories) == 4
@@ -330,3 +337,18 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
         assert t.turns[0].observation == "\n<result>\n42\n</result>\n"
         assert t.num_observation_tokens == len(t.turns[0].observation.encode())
     assert rollout_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
+
+
+def test_hf_generate_adapter(tokenizer):
+    import torch
+
+    model = tiny_random_model(seed=1, initializer_range=0.2)
+    generate = hf_generate(model, tokenizer, stop_ids=[tokenizer.eos_token_id])
+    torch.manual_seed(0)
+    prompts = [tokenizer.encode("ab", add_special_tokens=False),
+               tokenizer.encode("a longer prompt", add_special_tokens=False)]
+    rows = generate(prompts, ["</python>"], [6, 3])
+    assert len(rows) == 2 and len(rows[0]) <= 6 and len(rows[1]) <= 3
+    assert all(isinstance(t, int) for row in rows for t in row)
+    eos = tokenizer.eos_token_id
+    assert all(eos not in row[:-1] for row in rows)  # nothing after an end of turn
