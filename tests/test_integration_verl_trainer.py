@@ -216,3 +216,24 @@ def test_advantage_step_runs_the_teacher_pass_and_gear(monkeypatch) -> None:
     advantages = stored["advantages"].to_padded_tensor(0.0)
     torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
     assert {"gear/weight_mean_pos", "gear/weight_mean_neg"} <= set(metrics)
+
+
+RECIPE_DIR = os.path.join(os.path.dirname(__file__), "..", "recipes", "verl")
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["algorithm.gear.reference_kind=tool_call", "data.max_response_length=1024"],
+    ["actor_rollout_ref.rollout.multi_turn.enable=true",
+     "actor_rollout_ref.rollout.multi_turn.tool_config_path=/tmp/tools.yaml",
+     "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"],
+], ids=["math", "toolrl", "tir"])
+def test_recipe_config_composes_into_the_gear_trainer(overrides) -> None:
+    with initialize_config_dir(config_dir=os.path.abspath(RECIPE_DIR), version_base=None):
+        config = compose("gear_qwen3_4b", overrides=overrides)
+    assert config.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert config.data.train_batch_size == 128 and config.actor_rollout_ref.rollout.n == 8
+    assert config.trainer.total_epochs == 2
+    trainer = verl_v1.get_trainer_cls(config.trainer.v1.trainer_mode)(config)
+    assert isinstance(trainer, gear_trainer.GEARTrainerSync)
+    assert trainer.gear_settings.divergence == "k3" and trainer.gear_settings.needs_teacher

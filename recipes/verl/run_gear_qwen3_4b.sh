@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# GEAR on Qwen3-4B with verl, in the paper's three settings. Extra arguments are Hydra overrides.
+#
+#   SETTING=math   bash recipes/verl/run_gear_qwen3_4b.sh            # single-turn math
+#   SETTING=tir    bash recipes/verl/run_gear_qwen3_4b.sh            # tool-integrated math
+#   SETTING=toolrl bash recipes/verl/run_gear_qwen3_4b.sh            # ToolRL tool calling
+#   SETTING=math   bash recipes/verl/run_gear_qwen3_4b.sh algorithm.adv_estimator=gear_rl_grpo
+#
+# Data: verl-format parquet (prompt as chat messages, reward_model.ground_truth), see README.md.
+# GEAR_DATA (default ~/data/gear) holds <setting>/train.parquet and <setting>/test.parquet.
+# GPUs: one node of 8 by default (NNODES, GPUS_PER_NODE to change).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+setting="${SETTING:-math}"
+data="${GEAR_DATA:-$HOME/data/gear}"
+python -c "import gear_rl.integrations.verl" \
+  || { echo "gear-rl (with the verl extra) must be installed: pip install 'gear-rl[verl]'" >&2; exit 1; }
+
+common=(
+  "data.train_files=$data/$setting/train.parquet"
+  "data.val_files=$data/$setting/test.parquet"
+  "actor_rollout_ref.model.path=${GEAR_MODEL:-Qwen/Qwen3-4B}"
+  "trainer.nnodes=${NNODES:-1}"
+  "trainer.n_gpus_per_node=${GPUS_PER_NODE:-8}"
+  "trainer.experiment_name=gear_qwen3_4b_$setting"
+)
+case "$setting" in
+  math)
+    extra=()
+    ;;
+  tir)
+    # Multi-turn rollouts with a code tool: tool output lands in the response with
+    # response_mask 0, so it stays in the context (student and teacher) and out of the loss
+    # and of GEAR's normalisation. TOOL_CONFIG: a verl tool config (e.g. a sandbox code tool).
+    extra=(
+      "actor_rollout_ref.rollout.multi_turn.enable=true"
+      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS:-5}"
+      "actor_rollout_ref.rollout.multi_turn.tool_config_path=${TOOL_CONFIG:?set TOOL_CONFIG to a verl tool config yaml}"
+      "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"
+      "algorithm.gear.reference_kind=answer"
+    )
+    ;;
+  toolrl)
+    # The reference is the gold tool call(s) (JSON-encoded when not a string), shown as a hint.
+    extra=(
+      "algorithm.gear.reference_kind=tool_call"
+      "algorithm.gear.reference_key=${REFERENCE_KEY:-reward_model.ground_truth}"
+      "data.max_response_length=${MAX_RESPONSE_LENGTH:-1024}"
+    )
+    if [ -n "${REWARD_FN:-}" ]; then
+      extra+=("reward.custom_reward_function.path=$REWARD_FN")
+    fi
+    ;;
+  *)
+    echo "SETTING must be math, tir or toolrl, got $setting" >&2
+    exit 2
+    ;;
+esac
+
+exec python -m verl.trainer.main_ppo --config-path "$here" --config-name gear_qwen3_4b \
+  "${common[@]}" "${extra[@]}" "$@"
