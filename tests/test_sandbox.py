@@ -183,6 +183,7 @@ def test_root_mode_reports_full_isolation_and_leaves_host_mounts_alone(sandbox: 
     for key in ("network", "mount_namespace", "ipc_namespace", "private_tmp", "readonly_fs",
                 "proc_hidden", "uid_drop", "process_limit", "no_new_privs", "seccomp"):
         assert iso[key] is True, (key, iso)
+    assert "/root" in iso["hidden_dirs"] and iso["notes"] == []
     assert iso["kill_all"] == "uid" and 200_000 <= iso["uid"] <= 299_999
     assert sandbox.isolation["uid"] != iso["uid"]
 
@@ -199,6 +200,21 @@ def test_preload_modules_are_shared_with_executions():
     with PythonSandbox(workers=1, timeout_s=5.0, preload=("fractions",)) as pool:
         result = pool.run("import sys\nprint('fractions' in sys.modules)")
     assert result.stdout == "True\n"
+
+
+def test_python_path_is_importable_and_read_only(tmp_path: Path):
+    library = tmp_path / "toollib"
+    library.mkdir()
+    (library / "mytool.py").write_text("def answer():\n    return 42\n")
+    with PythonSandbox(workers=1, timeout_s=5.0, python_path=[str(library)]) as pool:
+        result = pool.run("import mytool\nprint(mytool.answer())")
+        assert result.stdout == "42\n", result
+        result = pool.run(f"open('{library}/mytool.py', 'a').write('x = 1')")
+        assert "Read-only file system" in result.stderr or "Permission" in result.stderr
+    with pytest.raises(ValueError, match="python_path"):
+        PythonSandbox(python_path=[str(tmp_path / "missing")])
+    with pytest.raises(ValueError, match="hide_dirs"):
+        PythonSandbox(hide_dirs=["relative/dir"])
 
 
 def test_limit_names_are_documented():

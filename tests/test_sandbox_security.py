@@ -69,12 +69,14 @@ class Host:
     tcp: _Server
     unix: _Server
     unix_path: Path
+    home_token: Path
 
     def fmt(self, code: str) -> str:
         return code.format(
             tmp_sentinel=self.tmp_sentinel, repo_sentinel=self.repo_sentinel, repo=REPO,
             port=self.tcp.address[1], unix_path=self.unix_path, test_pid=os.getpid(),
             secret_name=SECRET_NAME, worker_pid=self.sandbox.worker_pids()[0],
+            home_token=self.home_token,
         )
 
 
@@ -92,6 +94,12 @@ def host(tmp_path_factory: pytest.TempPathFactory):
     repo_sentinel.write_text("keep me too")
     repo_sentinel.chmod(0o666)
     unix_path = REPO / f".sandbox-test-{tag}.sock"
+    # a world-readable token in a home directory, as tool caches leave them
+    home_dir = Path("/home") / f".gear-sandbox-test-{tag}"
+    home_dir.mkdir(mode=0o755, parents=True)
+    home_token = home_dir / "token"
+    home_token.write_text(secret)
+    home_token.chmod(0o644)
     tcp = _Server(socket.AF_INET, ("127.0.0.1", 0))
     unix = _Server(socket.AF_UNIX, str(unix_path))
     sandbox = PythonSandbox(workers=2, timeout_s=1.0, memory_mb=256, max_processes=16,
@@ -99,14 +107,16 @@ def host(tmp_path_factory: pytest.TempPathFactory):
     plain = PythonSandbox(workers=1, timeout_s=1.0, memory_mb=256, max_processes=16,
                           max_output_bytes=4096, max_file_mb=1, scratch_mb=8, seccomp=False)
     try:
-        yield Host(sandbox, plain, secret, tmp_sentinel, repo_sentinel, tcp, unix, unix_path)
+        yield Host(sandbox, plain, secret, tmp_sentinel, repo_sentinel, tcp, unix, unix_path,
+                   home_token)
     finally:
         sandbox.close()
         plain.close()
         tcp.close()
         unix.close()
-        for path in (repo_sentinel, unix_path):
+        for path in (repo_sentinel, unix_path, home_token):
             path.unlink(missing_ok=True)
+        home_dir.rmdir()
         del os.environ[SECRET_NAME]
 
 
@@ -255,6 +265,8 @@ CORPUS: list[tuple[str, str, Check]] = [
      "import os\nprint(os.listdir('/root'))\nprint(open('/root/.bashrc').read())\n",
      failed_with("FileNotFoundError", "PermissionError")),
     ("read_shadow", "print(open('/etc/shadow').read())\n", failed_with("PermissionError")),
+    ("read_world_readable_home_token", "print(open('{home_token}').read())\n",
+     failed_with("FileNotFoundError")),
     # --- network ---
     ("tcp_to_host_server",
      "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\n",

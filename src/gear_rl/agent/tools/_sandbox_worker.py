@@ -151,44 +151,50 @@ def _is_world_traversable(path: str) -> bool:
     return True
 
 
-def _expose_paths(paths: list[str], tmpfs_opts: str, staging_root: str) -> list[str]:
-    """Make interpreter directories readable after the uid drop without opening their parents.
+def _top_blocked_ancestor(path: str) -> str:
+    """The highest directory on the way to ``path`` that an unrelated user cannot traverse."""
+    current = "/"
+    for part in [p for p in path.split("/") if p]:
+        if not os.stat(current).st_mode & 0o001:
+            return current
+        current = os.path.join(current, part)
+    return current
 
-    Python may live under a private home (``/root/.pyenv/...`` behind a 0700 ``/root``). For each
-    such directory: bind it aside, cover the private ancestor with an empty tmpfs (which also hides
-    everything else in it), recreate the path inside and bind the directory back. Returns the
-    covered ancestors.
+
+def _cover(covers: dict[str, str], keep: list[str], tmpfs_opts: str) -> tuple[list[str], list[str]]:
+    """Mount a fresh tmpfs over each directory in ``covers`` (path -> mode), then bind back
+    every directory of ``keep`` that lies under one of them, so the interpreter's own files stay
+    reachable while everything else there disappears.
+
+    The originals are reached through an ``O_PATH`` descriptor opened before the tmpfs goes on
+    top (``/proc/self/fd/N/...`` names the covered directory), so nothing is staged anywhere.
+    Returns (covered directories, notes).
     """
-    candidates = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
-    blocked: list[str] = []
-    for path in candidates:
-        if _is_world_traversable(path):
+    notes: list[str] = []
+    ordered = sorted(covers)
+    outermost = [c for c in ordered if not any(c.startswith(o + "/") for o in ordered if o != c)]
+    kept = sorted({os.path.realpath(k) for k in keep if os.path.isdir(k)})
+    done = []
+    for cover in outermost:
+        inside = [k for k in kept if k == cover or k.startswith(cover + "/")]
+        if cover in inside:
+            notes.append(f"not covering {cover}: the interpreter lives there")
             continue
-        if not any(path.startswith(kept + "/") for kept in blocked):
-            blocked.append(path)
-    if not blocked:
-        return []
-    staging = os.path.join(staging_root, ".expose")
-    os.makedirs(staging, mode=0o700, exist_ok=True)
-    plan: dict[str, list[tuple[str, str]]] = {}
-    for index, path in enumerate(blocked):
-        ancestor = "/"
-        for part in [p for p in path.split("/") if p]:
-            if not os.stat(ancestor).st_mode & 0o001:
-                break
-            ancestor = os.path.join(ancestor, part)
-        held = os.path.join(staging, str(index))
-        os.mkdir(held)
-        _mount(path, held, None, MS_BIND | MS_REC)
-        plan.setdefault(ancestor, []).append((path, held))
-    for ancestor, items in plan.items():
-        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, f"{tmpfs_opts},mode=0755")
-        for path, held in items:
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            _mount(held, path, None, MS_BIND | MS_REC)
-            _check(_libc.umount2(held.encode(), MNT_DETACH), f"umount {held}")
-    shutil.rmtree(staging, ignore_errors=True)
-    return sorted(plan)
+        inside = [k for k in inside if not any(k.startswith(o + "/") for o in inside if o != k)]
+        handle = os.open(cover, os.O_PATH | os.O_DIRECTORY)
+        try:
+            _mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV,
+                   f"{tmpfs_opts},mode={covers[cover]}")
+            for path in inside:
+                relative = os.path.relpath(path, cover)
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{handle}/{relative}", path, None, MS_BIND | MS_REC)
+            done.append(cover)
+        except OSError as exc:
+            notes.append(f"could not cover {cover}: {exc}")
+        finally:
+            os.close(handle)
+    return done, notes
 
 
 def _enter_user_namespace() -> None:
@@ -246,30 +252,31 @@ def isolate(config: dict) -> dict:
     iso["network"] = iso["mount_namespace"] = iso["ipc_namespace"] = True
     _mount("none", "/", None, MS_REC | MS_PRIVATE)
     tmpfs_opts = f"size={config['tmpfs_mb']}m,nr_inodes={config['tmpfs_inodes']}"
-    ours = []
-    for directory in WRITABLE_DIRS:
-        if os.path.islink(directory) or not os.path.isdir(directory):
-            continue
-        # Only /dev/shm stays writable to the code (multiprocessing needs it); it is private
-        # and wiped after every execution like the scratch directory.
-        mode_bits = "1777" if directory == "/dev/shm" else "0755"
-        try:
-            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"{tmpfs_opts},mode={mode_bits}")
-            ours.append(directory)
-        except OSError as exc:
-            iso["notes"].append(str(exc))
+    # Only /dev/shm stays writable to the code (multiprocessing needs it); like the scratch
+    # directory it is private and wiped after every execution. The other covers are read-only
+    # to the code: the world-writable directories, the home directories, and (root mode) any
+    # private directory the interpreter lives under (e.g. /root/.pyenv behind a 0700 /root).
+    covers = {d: ("1777" if d == "/dev/shm" else "0755") for d in WRITABLE_DIRS
+              if os.path.isdir(d) and not os.path.islink(d)}
+    for directory in config.get("hide_dirs", []):
+        if os.path.isdir(directory) and not os.path.islink(directory):
+            covers.setdefault(os.path.realpath(directory), "0755")
+    keep = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+            os.path.dirname(os.path.realpath(sys.executable)), *sys.path,
+            *config.get("python_path", [])]
+    if mode == "root":
+        for path in {os.path.realpath(k) for k in keep if os.path.isdir(k)}:
+            if not _is_world_traversable(path):
+                covers.setdefault(_top_blocked_ancestor(path), "0755")
+    covered, notes = _cover(covers, keep, tmpfs_opts)
+    iso["notes"] += notes
+    ours = [d for d in WRITABLE_DIRS if d in covered]
     iso["private_tmp"] = "/tmp" in ours
     iso["private_dirs"] = ours
+    iso["hidden_dirs"] = [d for d in covered if d not in WRITABLE_DIRS]
     iso["scratch_root"] = "/tmp/gear-sandbox"
     os.makedirs(iso["scratch_root"], mode=0o755, exist_ok=True)
     if mode == "root":
-        python_dirs = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-                       os.path.dirname(os.path.realpath(sys.executable)), *sys.path]
-        try:
-            iso["hidden_dirs"] = _expose_paths(python_dirs, tmpfs_opts, iso["scratch_root"])
-        except OSError as exc:
-            iso["notes"].append(f"could not re-expose interpreter directories: {exc}")
         try:
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
             iso["proc_hidden"] = True
@@ -870,6 +877,7 @@ def main() -> None:
     config = channel.recv()
     if config is None:
         return
+    sys.path.extend(p for p in config.get("python_path", []) if p not in sys.path)
     try:
         iso = isolate(config)
         program = _seccomp_program() if config.get("seccomp", True) else None

@@ -8,8 +8,11 @@ what the OS allows, and it says so: ``sandbox.isolation`` is the worker's own re
 Modes (``sandbox.isolation["mode"]``):
 
 - ``"root"`` (running as root, the tested configuration): network, mount, IPC and UTS
-  namespaces; private size-limited tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run``;
-  a ``/proc`` that shows the code only its own processes; every other mount read-only, nosuid;
+  namespaces; private size-limited tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run``
+  (only the per-run scratch directory and ``/dev/shm`` are writable, both wiped after every run);
+  empty tmpfs over the home directories (``hide_dirs``), with the interpreter's own directories
+  bound back; a ``/proc`` that shows the code only its own processes; every other mount
+  read-only, nosuid;
   a distinct unprivileged uid/gid per worker (so ``RLIMIT_NPROC`` is a real per-worker process
   cap, root-owned files are out of reach, nothing outside can be signalled or ptraced, and a
   reaper with that uid kills every leftover process with ``kill(-1, SIGKILL)``); a seccomp
@@ -22,6 +25,12 @@ Modes (``sandbox.isolation["mode"]``):
 - ``"none"`` (no namespaces at all): resource limits, a scratch directory, a scrubbed
   environment and the process-tree kill only. No network or filesystem isolation and no process
   cap. A warning is logged; pass ``require_isolation=True`` to refuse to start instead.
+
+Not enforced anywhere: a limit on the sum of memory of all processes of one run (no cgroup is
+created: ``memory_mb`` x ``max_processes`` bounds it), disk I/O and CPU share; files that are
+world-readable on the host outside the hidden directories stay readable (read-only); without
+seccomp (not x86_64), a Unix socket the host left world-writable outside the covered directories
+is reachable.
 
 Always enforced: wall-time limit (whole process tree killed), CPU time (``RLIMIT_CPU``), address
 space per process (``RLIMIT_AS``: ``memory_mb`` bounds each process, not their sum), file size
@@ -306,6 +315,11 @@ class PythonSandbox:
         scratch_mb: size of each private tmpfs (the scratch directory lives in one).
         preload: modules each worker imports once at start (e.g. ``("math", "sympy")``), so
             executions that import them start faster; they are shared with every execution.
+        python_path: extra directories on the code's ``sys.path`` (read-only to it, also where
+            they lie under a hidden directory).
+        hide_dirs: directories replaced by an empty tmpfs for the code (home directories by
+            default: world-readable tokens and caches live there); the interpreter's own
+            directories under them stay visible.
         isolation: ``"auto"`` (the strongest the OS allows), ``"userns"`` (do not use root
             privileges even when available) or ``"none"`` (limits only; for debugging).
         require_isolation: raise ``RuntimeError`` instead of warning when the full ``"root"``
@@ -331,6 +345,8 @@ class PythonSandbox:
         max_open_files: int = 256,
         scratch_mb: int = 64,
         preload: Sequence[str] = (),
+        python_path: Sequence[str] = (),
+        hide_dirs: Sequence[str] = ("/root", "/home"),
         isolation: Literal["auto", "userns", "none"] = "auto",
         require_isolation: bool = False,
         seccomp: bool = True,
@@ -356,6 +372,13 @@ class PythonSandbox:
             raise ValueError(f"isolation must be 'auto', 'userns' or 'none', got {isolation!r}")
         if isinstance(preload, str) or not all(isinstance(m, str) for m in preload):
             raise ValueError(f"preload must be a sequence of module names, got {preload!r}")
+        for name, paths in (("python_path", python_path), ("hide_dirs", hide_dirs)):
+            if isinstance(paths, str) or not all(
+                    isinstance(p, str) and os.path.isabs(p) for p in paths):
+                raise ValueError(f"{name} must be a sequence of absolute paths, got {paths!r}")
+        missing = [p for p in python_path if not os.path.isdir(p)]
+        if missing:
+            raise ValueError(f"python_path entries must be directories, missing: {missing}")
         if sys.platform != "linux":
             raise RuntimeError("PythonSandbox needs Linux (namespaces, rlimits, /proc)")
         self.limits = _Limits(
@@ -369,6 +392,8 @@ class PythonSandbox:
         self._base_config = {
             "isolation": isolation, "tmpfs_mb": int(scratch_mb), "tmpfs_inodes": 16384,
             "preload": list(preload), "seccomp": bool(seccomp),
+            "python_path": [os.path.realpath(p) for p in python_path],
+            "hide_dirs": list(hide_dirs),
             "path_env": f"{os.path.dirname(self._python)}:{_SAFE_PATH}",
             "lang": _scrubbed_env()["LANG"],
         }
