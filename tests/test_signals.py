@@ -254,7 +254,8 @@ def test_bfloat16_model_close_to_float32():
 
 
 def test_default_chunk_size():
-    assert default_chunk_size(49_152) == 170
+    assert default_chunk_size(49_152) == 682
+    assert default_chunk_size(151_936) == 220
     assert default_chunk_size(301) == 4096
     assert default_chunk_size(10**9) == 16
 

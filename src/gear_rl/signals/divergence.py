@@ -38,8 +38,10 @@ from transformers import PreTrainedModel
 Estimator = Literal["full", "topk", "k1", "k3"]
 ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
 
-# Rows per LM-head chunk by default: about 2**23 logits (32 MiB in fp32) per [chunk, V] buffer.
-_DEFAULT_CHUNK_ELEMENTS = 2**23
+# Rows per LM-head chunk by default: about 2**25 logits (128 MiB in fp32) per [chunk, V] buffer.
+# Large enough that the head's matmul runs near full speed (on a 2-core CPU, 170-row chunks ran
+# ~25% slower than 640-row ones), small enough that the few live buffers stay far below B x T x V.
+_DEFAULT_CHUNK_ELEMENTS = 2**25
 
 
 @dataclass
@@ -66,7 +68,7 @@ class TokenSignals:
 
 
 def default_chunk_size(vocab_size: int) -> int:
-    """Rows per LM-head chunk: about 2**23 logits per chunk, between 16 and 4096 rows."""
+    """Rows per LM-head chunk: about 2**25 logits per chunk, between 16 and 4096 rows."""
     return max(16, min(4096, _DEFAULT_CHUNK_ELEMENTS // max(1, vocab_size)))
 
 
@@ -246,7 +248,7 @@ def _chunk_scores(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` ``[C]`` and entropy ``[C]`` from hidden states ``[C, H]``."""
     logprobs = _log_softmax(head(hidden), temperature)  # [C, V]
-    entropy = -(logprobs.exp() * logprobs).sum(-1)
+    entropy = -_rowwise_dot(logprobs.exp(), logprobs)
     return logprobs.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
@@ -267,12 +269,12 @@ def _chunk_signals(
     student = _log_softmax(head(student_hidden), temperature)  # [C, V]
     student_logprob = student.gather(-1, targets[:, None]).squeeze(-1)
     student_probs = student.exp()
-    entropy = -(student_probs * student).sum(-1)
+    entropy = -_rowwise_dot(student_probs, student)
     with torch.no_grad():
         teacher = _log_softmax(head(teacher_hidden), temperature)  # [C, V]
         teacher_logprob = teacher.gather(-1, targets[:, None]).squeeze(-1)
     if estimator == "full":
-        divergence = (student_probs * (student - teacher)).sum(-1)
+        divergence = _rowwise_dot(student_probs, student - teacher)
     elif estimator == "topk":
         student_top, index = student.topk(topk, dim=-1)  # [C, k]
         student_top = student_top - student_top.logsumexp(-1, keepdim=True)
@@ -285,6 +287,11 @@ def _chunk_signals(
         log_ratio = teacher_logprob - student_logprob
         divergence = (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
     return student_logprob, teacher_logprob, entropy, divergence
+
+
+def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` for ``[C, V]`` inputs without the ``[C, V]`` product (a batched dot)."""
+    return torch.einsum("cv,cv->c", a, b)
 
 
 def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
