@@ -8,6 +8,11 @@ same run. Goal (issue 5): the pool at least 5x faster.
 The pool does strictly more work per call than the baseline (namespaces were set up once, but
 every call still forks, drops privileges, applies limits, and cleans up); what it saves is the
 interpreter start-up.
+
+Besides executions per second (wall clock, sensitive to what else the machine runs), it prints
+the CPU time each execution costs in both set-ups (user + system, the dispatching process
+included; for the pool, the workers and their reaped children read from /proc), which does not
+depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from gear_rl.agent.tools import PythonSandbox
 
@@ -39,6 +45,22 @@ def fresh_subprocess(code: str, timeout_s: float) -> bool:
     return completed.returncode == 0
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """user + system time of processes and of their reaped children (from /proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(v) for v in fields[11:15]) / tick  # utime stime cutime cstime
+    return total
+
+
+def _own_cpu(children: bool) -> float:
+    times = os.times()
+    return times.user + times.system + (
+        times.children_user + times.children_system if children else 0.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="60 snippets instead of 400")
@@ -54,16 +76,20 @@ def main() -> None:
     start_s = time.perf_counter() - started
     with sandbox:
         assert all(r.ok for r in sandbox.run_many(codes[: 2 * args.workers])), "warm-up failed"
-        pool_rates, fresh_rates = [], []
+        pool_rates, fresh_rates, pool_cpu, fresh_cpu = [], [], [], []
+        pids = sandbox.worker_pids()
         for _ in range(args.repeats):  # alternate so both see the same machine load
-            t0 = time.perf_counter()
+            c0, t0 = _cpu_seconds(pids) + _own_cpu(False), time.perf_counter()
             results = sandbox.run_many(codes)
             pool_rates.append(n / (time.perf_counter() - t0))
+            pool_cpu.append((_cpu_seconds(pids) + _own_cpu(False) - c0) / n)
             assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-            t0 = time.perf_counter()
+            assert sandbox.worker_pids() == pids, "a worker was replaced during the benchmark"
+            c0, t0 = _own_cpu(True), time.perf_counter()
             with ThreadPoolExecutor(max_workers=args.workers) as threads:
                 ok = list(threads.map(lambda c: fresh_subprocess(c, 30.0), codes))
             fresh_rates.append(n / (time.perf_counter() - t0))
+            fresh_cpu.append((_own_cpu(True) - c0) / n)
             assert all(ok), "baseline snippet failed"
         durations = [r.duration_s for r in results]
     pool = statistics.median(pool_rates)
@@ -77,6 +103,9 @@ def main() -> None:
     print(f"fresh python -c: {fresh:8.1f} exec/s  (rounds: "
           f"{', '.join(f'{r:.1f}' for r in fresh_rates)})")
     print(f"ratio          : {pool / fresh:8.2f}x  (goal >= 5x)")
+    pool_ms, fresh_ms = statistics.median(pool_cpu) * 1e3, statistics.median(fresh_cpu) * 1e3
+    print(f"CPU per execution: pool {pool_ms:.1f} ms, fresh python -c {fresh_ms:.1f} ms "
+          f"({fresh_ms / pool_ms:.2f}x less CPU in the pool)")
 
 
 if __name__ == "__main__":

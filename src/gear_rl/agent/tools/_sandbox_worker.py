@@ -7,20 +7,25 @@ standard library only and must not import torch or gear_rl, so that the process 
 Lifecycle:
 
 1. The first message is the configuration. The worker isolates itself once (see ``isolate``):
-   new network, mount and IPC namespaces; private mounts; fresh size-limited tmpfs over the
-   world-writable directories and ``/run``; a fresh ``/proc`` that hides other users' processes;
-   every other mount remounted read-only and nosuid. Where the OS refuses (not root) it falls back
-   to a user namespace, and where that fails too, to no namespaces; it reports what it got.
+   new network, mount, IPC and UTS namespaces; private mounts; fresh size-limited tmpfs over the
+   world-writable directories and ``/run``, empty tmpfs over the home directories (the
+   interpreter's own directories bound back); a fresh ``/proc`` that hides other users'
+   processes; every other mount remounted read-only and nosuid. Where the OS refuses (not root)
+   it falls back to a user namespace, and where that fails too, to no namespaces; it reports what
+   it got.
 2. Per execution it forks a child that starts a new session, gets a fresh scratch directory (its
    only writable place, also its cwd, HOME and TMPDIR), resource limits, ``no_new_privs``, a
    distinct unprivileged uid/gid, a seccomp filter, and then ``exec``s the code in a fresh globals
    dict. The worker reads the child's stdout/stderr with a size cap and enforces the wall-time
    limit.
-3. After every execution, however it ended, everything the code started is killed: the process
-   group, then (root mode) a reaper child that takes the sandbox uid and calls
-   ``kill(-1, SIGKILL)`` (this reaches even ``setsid``'d grandchildren), then the worker, which is
-   a child subreaper, reaps until it has no children left. Scratch, tmpfs leftovers and SysV IPC
-   objects are wiped.
+3. After every execution, however it ended, everything the code started is killed (see
+   ``kill_everything``): the process group first. The worker is a child subreaper, so every
+   surviving descendant, even one that called ``setsid`` or lost its parent, is still below the
+   worker; when the worker has a child left, a reaper child takes the sandbox uid and calls
+   ``kill(-1, SIGKILL)`` (root mode; elsewhere the process table is walked), and the worker
+   reaps until it has no child left. When nothing is left the reaper is skipped: its fork would
+   cost about as much as the execution itself. Scratch, tmpfs leftovers and SysV IPC objects are
+   wiped.
 """
 
 from __future__ import annotations
