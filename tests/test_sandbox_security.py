@@ -339,7 +339,14 @@ CORPUS: list[tuple[str, str, Check]] = [
 SECCOMP_ONLY = {"unix_socket_to_host_server"}
 
 
-@pytest.mark.parametrize("name, program, check", CORPUS, ids=[c[0] for c in CORPUS])
+# Programs that only end at the 1 s wall-time limit (twice: with and without seccomp).
+SLOW = {"fork_bomb_ignoring_errors", "infinite_loop", "busy_threads", "sleep_forever",
+        "stop_self", "deep_recursion_segfault"}
+
+
+@pytest.mark.parametrize("name, program, check", [
+    pytest.param(*entry, id=entry[0], marks=[pytest.mark.slow] if entry[0] in SLOW else [])
+    for entry in CORPUS])
 def test_hostile_program_is_contained(host: Host, name: str, program: str, check: Check):
     """The program, with every layer on, passes its check; with seccomp off it is still
     contained (the autouse fixture checks the host)."""
