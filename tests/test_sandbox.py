@@ -5,10 +5,12 @@ The hostile-program corpus is in ``test_sandbox_security.py``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -170,6 +172,43 @@ def test_worker_killed_mid_call_gives_a_defined_result_and_is_replaced():
         assert pool.run("print('alive')").stdout == "alive\n"
         if ROOT:  # the orphaned sleep of the dead worker's uid was killed from outside
             assert _processes_of(uids) == []
+
+
+def test_parent_killed_mid_call_leaves_nothing_behind(tmp_path: Path):
+    """SIGKILL the process that owns the pool while code (with an escaped grandchild) runs: the
+    workers notice their parent is gone, kill what their code started, and exit."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import json, sys, threading\n"
+        "from gear_rl.agent.tools import PythonSandbox\n"
+        "pool = PythonSandbox(workers=2, timeout_s=60.0)\n"
+        "print(json.dumps({'pids': pool.worker_pids(), 'uids': pool.worker_uids()}), flush=True)\n"
+        "code = ('import subprocess, time\\n'\n"
+        "        \"subprocess.Popen(['sleep', '300'], start_new_session=True)\\n\"\n"
+        "        'print(1, flush=True)\\ntime.sleep(300)')\n"
+        "threading.Thread(target=pool.run_many, args=([code, code],), daemon=True).start()\n"
+        "threading.Event().wait()\n"
+    )
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        info = json.loads(owner.stdout.readline())
+        time.sleep(1.5)  # both calls are running
+        if ROOT:
+            assert _processes_of(set(info["uids"])), "the calls did not start"
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        alive = [p for p in info["pids"] if Path(f"/proc/{p}").exists()
+                 and "Z" not in Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1][:3]]
+        leftovers = _processes_of(set(info["uids"])) if ROOT else []
+        if not alive and not leftovers:
+            break
+        time.sleep(0.1)
+    assert not alive, f"workers outlived their parent: {alive}"
+    assert not leftovers, f"sandboxed processes outlived the pool: {leftovers}"
 
 
 @pytest.mark.skipif(not ROOT, reason="root mode needs root")
