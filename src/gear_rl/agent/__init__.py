@@ -27,6 +27,7 @@ from gear_rl.agent.loop import (
 from gear_rl.agent.parsing import (
     JSON_FORMAT,
     PYTHON_FORMAT,
+    PYTHON_TOOL_INSTRUCTIONS,
     ParsedTurn,
     ToolCall,
     ToolCallFormat,
@@ -38,6 +39,7 @@ from gear_rl.agent.parsing import (
 __all__ = [
     "JSON_FORMAT",
     "PYTHON_FORMAT",
+    "PYTHON_TOOL_INSTRUCTIONS",
     "AgentConfig",
     "FunctionExecutor",
     "GenerateFn",

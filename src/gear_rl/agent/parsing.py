@@ -23,6 +23,7 @@ from typing import Any, Literal
 __all__ = [
     "JSON_FORMAT",
     "PYTHON_FORMAT",
+    "PYTHON_TOOL_INSTRUCTIONS",
     "CallStatus",
     "ParsedTurn",
     "ToolCall",
@@ -70,6 +71,14 @@ JSON_FORMAT = ToolCallFormat(
     kind="json", open_tag="<tool_call>", close_tag="</tool_call>",
     observation_template="\n<tool_response>\n{output}\n</tool_response>\n",
 )
+
+
+PYTHON_TOOL_INSTRUCTIONS = (
+    "You can run Python code: write it between <python> and </python>, and its printed output "
+    "will be shown between <result> and </result>. Use it for calculations, then give the final "
+    "answer."
+)
+"""A system-prompt sentence for the ``python`` format (tool-integrated math)."""
 
 
 def get_format(name: str | ToolCallFormat) -> ToolCallFormat:
