@@ -11,6 +11,7 @@ import pytest
 
 from gear_rl.agent import (
     JSON_FORMAT,
+    MARKDOWN_PYTHON_FORMAT,
     PYTHON_FORMAT,
     AgentConfig,
     FunctionExecutor,
@@ -87,6 +88,16 @@ def test_parse_python_calls():
         "print(3)")
 
 
+def test_parse_markdown_fenced_calls():
+    fmt = MARKDOWN_PYTHON_FORMAT
+    turn = parse_turn("Let me compute:\n```python\nprint(2 + 2)\n```\nand more", fmt)
+    assert turn.status == "ok" and turn.calls[0].code == "print(2 + 2)"
+    assert parse_turn("```bash\nls\n```", fmt).status == "none"  # other fences are text
+    assert parse_turn("```python\nprint(1)", fmt).status == "unterminated"
+    assert parse_turn("```python\n```", fmt).status == "malformed"
+    assert fmt.stop == "\n```\n" and fmt.call_span("x```python\na\n```y") == (1, 17)
+
+
 def test_parse_json_calls_all_layouts():
     one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     assert parse_json_calls(one) == (ToolCall("add", {"a": 1, "b": 2}),)
@@ -138,6 +149,16 @@ def test_python_tool_round_trip_masks_and_spans(tokenizer, sandbox):
     assert second.observation_spans == [] and second.loss_mask == [1] * len(second.response_ids)
     # finished rows leave the batch: two rows in turn 0, one in turn 1
     assert script.batch_sizes == [2, 1]
+
+
+def test_markdown_format_round_trip(tokenizer, sandbox):
+    script = Scripted(tokenizer, {"q\n": [
+        "Compute it:\n```python\nprint(6 * 7)\n```\nSo the answer", f"42.{EOS}"]})
+    [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
+                             AgentConfig(tool_format="markdown"), PythonExecutor(sandbox))
+    assert trajectory.turns[0].text == "Compute it:\n```python\nprint(6 * 7)\n```"
+    assert trajectory.turns[0].observation == "\n```output\n42\n```\n"
+    assert trajectory.finish_reason == "answer" and trajectory.num_tool_calls == 1
 
 
 def test_tool_errors_and_limits_become_observations(tokenizer, sandbox):

@@ -1,6 +1,7 @@
 """Agent rollouts: multi-turn generation with tool calls and observation masks.
 
-- :mod:`gear_rl.agent.parsing`: the ``<python>`` and ``<tool_call>`` formats and their parser.
+- :mod:`gear_rl.agent.parsing`: the ``<python>``, Markdown-fence and ``<tool_call>`` formats and
+  their parser.
 - :mod:`gear_rl.agent.loop`: the batched multi-turn loop (``run_agent``) over any ``generate``
   function, tool executors, per-token masks / turn ids / observation spans, metrics.
 - :mod:`gear_rl.agent.tools`: ``PythonSandbox``, the isolated executor for model-written code.
@@ -26,6 +27,8 @@ from gear_rl.agent.loop import (
 )
 from gear_rl.agent.parsing import (
     JSON_FORMAT,
+    MARKDOWN_PYTHON_FORMAT,
+    MARKDOWN_TOOL_INSTRUCTIONS,
     PYTHON_FORMAT,
     PYTHON_TOOL_INSTRUCTIONS,
     ParsedTurn,
@@ -38,6 +41,8 @@ from gear_rl.agent.parsing import (
 
 __all__ = [
     "JSON_FORMAT",
+    "MARKDOWN_PYTHON_FORMAT",
+    "MARKDOWN_TOOL_INSTRUCTIONS",
     "PYTHON_FORMAT",
     "PYTHON_TOOL_INSTRUCTIONS",
     "AgentConfig",

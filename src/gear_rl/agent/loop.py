@@ -166,7 +166,7 @@ class AgentConfig:
     """Rollout limits and the defined outcomes of broken episodes.
 
     Attributes:
-        tool_format: ``"python"``, ``"json"`` or a :class:`ToolCallFormat`.
+        tool_format: ``"python"``, ``"markdown"``, ``"json"`` or a :class:`ToolCallFormat`.
         max_turns: policy turns per trajectory (tool calls are made in all but the last).
         max_new_tokens_per_turn: generation cap of one turn.
         max_response_tokens: budget of the whole response (policy and observation tokens).
@@ -281,20 +281,21 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], close_tag: str
+def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], fmt: ToolCallFormat
               ) -> tuple[list[int], Literal["eos", "stop_string", "length"]]:
-    """Keep a generated turn up to and including its first EOS token or closing tag."""
+    """Keep a generated turn up to and including its first EOS token or the end of its first
+    complete call."""
     end, ended_by = len(ids), "length"
     for position, token in enumerate(ids):
         if token in stop_ids:
             end, ended_by = position + 1, "eos"
             break
-    if close_tag in _decode(tokenizer, ids[:end]):
-        # the shortest prefix whose text contains the tag (prefix decoding is monotone here)
+    if fmt.call_span(_decode(tokenizer, ids[:end])) is not None:
+        # the shortest prefix whose text holds a complete call (prefix decoding is monotone)
         lo, hi = 1, end
         while lo < hi:
             mid = (lo + hi) // 2
-            if close_tag in _decode(tokenizer, ids[:mid]):
+            if fmt.call_span(_decode(tokenizer, ids[:mid])) is not None:
                 hi = mid
             else:
                 lo = mid + 1
@@ -353,15 +354,14 @@ def run_agent(
                        config.max_response_tokens - len(trajectories[i].response_ids))
                    for i in active]
         inputs = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in active]
-        generated = generate(inputs, [fmt.close_tag], budgets)
+        generated = generate(inputs, [fmt.stop], budgets)
         if len(generated) != len(active):
             raise ValueError(f"generate returned {len(generated)} rows for {len(active)} prompts")
         pending: list[tuple[int, ToolCall]] = []
         still_active = []
         for i, new_ids, budget in zip(active, generated, budgets, strict=True):
             trajectory = trajectories[i]
-            ids, ended_by = _cut_turn(list(map(int, new_ids))[:budget], tokenizer, stops,
-                                      fmt.close_tag)
+            ids, ended_by = _cut_turn(list(map(int, new_ids))[:budget], tokenizer, stops, fmt)
             text = tokenizer.decode(ids, skip_special_tokens=True)
             parsed = parse_turn(text, fmt)
             record = TurnRecord(text=text, parsed=parsed, ended_by=ended_by)

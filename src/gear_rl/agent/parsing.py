@@ -1,10 +1,14 @@
 """Tool-call formats and parsing for multi-turn agent rollouts.
 
-Two formats, both configurable through :class:`ToolCallFormat`:
+Three preset formats, all configurable through :class:`ToolCallFormat`:
 
 - ``python``: the tool-integrated-reasoning format (as in ToRL / SimpleTIR style math agents): the
   policy writes code between ``<python>`` and ``</python>``; the environment answers with the
   output between ``<result>`` and ``</result>``.
+- ``markdown``: the same tool in Markdown fences, as Qwen2.5-Math's tool-integrated reasoning
+  writes it: code in a ````` ```python ````` fence, the output in a ````` ```output ````` fence.
+  Small chat models write fenced code unprompted (SmolLM2-135M-Instruct does, and never writes
+  ``<python>`` tags), so this format can give a nonzero tool-call rate from the first step.
 - ``json``: function calling (the Hermes / Qwen convention, also ToolRL's): one JSON object per
   line between ``<tool_call>`` and ``</tool_call>``, each ``{"name": ..., "arguments": {...}}``
   (``"parameters"`` is accepted as a synonym, as ToolRL's data uses it); the environment answers
@@ -22,6 +26,8 @@ from typing import Any, Literal
 
 __all__ = [
     "JSON_FORMAT",
+    "MARKDOWN_PYTHON_FORMAT",
+    "MARKDOWN_TOOL_INSTRUCTIONS",
     "PYTHON_FORMAT",
     "PYTHON_TOOL_INSTRUCTIONS",
     "CallStatus",
@@ -46,6 +52,8 @@ class ToolCallFormat:
         observation_template: text appended after a call, with ``{output}`` for the tool output.
             It is tokenized on its own and masked out of the loss.
         strip_code_fences: for ``python``, drop a surrounding Markdown code fence.
+        stop_string: what the sampler is asked to stop at (default ``close_tag``); differs when
+            the closing tag is also the start of the opening one (Markdown fences).
     """
 
     kind: Literal["python", "json"]
@@ -53,6 +61,7 @@ class ToolCallFormat:
     close_tag: str
     observation_template: str
     strip_code_fences: bool = True
+    stop_string: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("python", "json"):
@@ -62,10 +71,32 @@ class ToolCallFormat:
         if "{output}" not in self.observation_template:
             raise ValueError("observation_template must contain '{output}'")
 
+    @property
+    def stop(self) -> str:
+        """The generation stop string."""
+        return self.stop_string or self.close_tag
+
+    def call_span(self, text: str) -> tuple[int, int] | None:
+        """``(start of the opening tag, end of the closing tag)`` of the first complete call:
+        the first closing tag after an opening tag, and the last opening tag before it."""
+        first_open = text.find(self.open_tag)
+        if first_open < 0:
+            return None
+        close = text.find(self.close_tag, first_open + len(self.open_tag))
+        if close < 0:
+            return None
+        start = text.rfind(self.open_tag, first_open, close)
+        return start, close + len(self.close_tag)
+
 
 PYTHON_FORMAT = ToolCallFormat(
     kind="python", open_tag="<python>", close_tag="</python>",
     observation_template="\n<result>\n{output}\n</result>\n",
+)
+MARKDOWN_PYTHON_FORMAT = ToolCallFormat(
+    kind="python", open_tag="```python", close_tag="```",
+    observation_template="\n```output\n{output}\n```\n", stop_string="\n```\n",
+    strip_code_fences=False,
 )
 JSON_FORMAT = ToolCallFormat(
     kind="json", open_tag="<tool_call>", close_tag="</tool_call>",
@@ -80,12 +111,18 @@ PYTHON_TOOL_INSTRUCTIONS = (
 )
 """A system-prompt sentence for the ``python`` format (tool-integrated math)."""
 
+MARKDOWN_TOOL_INSTRUCTIONS = (
+    "You can run Python code: write it in a ```python code block, and its printed output will be "
+    "shown in a ```output block. Use it for calculations, then give the final answer."
+)
+"""A system-prompt sentence for the ``markdown`` format."""
+
 
 def get_format(name: str | ToolCallFormat) -> ToolCallFormat:
-    """``"python"`` or ``"json"`` (or a ``ToolCallFormat``, returned as is)."""
+    """``"python"``, ``"markdown"`` or ``"json"`` (or a ``ToolCallFormat``, returned as is)."""
     if isinstance(name, ToolCallFormat):
         return name
-    formats = {"python": PYTHON_FORMAT, "json": JSON_FORMAT}
+    formats = {"python": PYTHON_FORMAT, "markdown": MARKDOWN_PYTHON_FORMAT, "json": JSON_FORMAT}
     if name not in formats:
         raise ValueError(f"tool-call format must be one of {sorted(formats)}, got {name!r}")
     return formats[name]
@@ -160,23 +197,22 @@ def parse_json_calls(body: str) -> tuple[ToolCall, ...]:
 
 
 def parse_turn(text: str, fmt: ToolCallFormat) -> ParsedTurn:
-    """Parse the text of one policy turn (generation stops at ``fmt.close_tag``).
+    """Parse the text of one policy turn (the rollout loop cuts it after the call).
 
-    The call is the last ``open_tag`` before the first ``close_tag``. Text after the close tag is
-    ignored (the rollout loop cuts it off before it gets here).
+    The call is the first closing tag after an opening tag, with the last opening tag before it
+    (see :meth:`ToolCallFormat.call_span`).
     """
-    close = text.find(fmt.close_tag)
-    head = text if close < 0 else text[:close]
-    start = head.rfind(fmt.open_tag)
-    if close < 0:
-        if start >= 0:
-            return ParsedTurn(status="unterminated", error=f"no {fmt.close_tag} after "
-                                                           f"{fmt.open_tag}")
+    span = fmt.call_span(text)
+    if span is None:
+        if fmt.open_tag in text:
+            return ParsedTurn(status="unterminated",
+                              error=f"no {fmt.close_tag} after {fmt.open_tag}")
+        if fmt.close_tag in text and fmt.close_tag not in fmt.open_tag:
+            return ParsedTurn(status="malformed", error=f"{fmt.close_tag} without "
+                                                        f"{fmt.open_tag}", body="")
         return ParsedTurn(status="none")
-    if start < 0:
-        return ParsedTurn(status="malformed", error=f"{fmt.close_tag} without {fmt.open_tag}",
-                          body="")
-    body = head[start + len(fmt.open_tag):]
+    start, end = span
+    body = text[start + len(fmt.open_tag):end - len(fmt.close_tag)]
     if fmt.kind == "python":
         code = body
         if fmt.strip_code_fences:
