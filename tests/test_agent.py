@@ -95,7 +95,7 @@ def test_parse_markdown_fenced_calls():
     assert parse_turn("```bash\nls\n```", fmt).status == "none"  # other fences are text
     assert parse_turn("```python\nprint(1)", fmt).status == "unterminated"
     assert parse_turn("```python\n```", fmt).status == "malformed"
-    assert fmt.stop == "\n```\n" and fmt.call_span("x```python\na\n```y") == (1, 17)
+    assert fmt.stop == "\n```\n" and fmt.call_span("x```python\na\n```y") == (1, 16)
 
 
 def test_parse_json_calls_all_layouts():
