@@ -88,7 +88,8 @@ def test_gear_samples_carry_token_signals(tmp_path) -> None:
     for key in ("divergence", "entropy", "weight", "segment_onset", "token_advantage",
                 "teacher_logprobs"):
         assert len(sample[key]) == n, key
-    assert "Reference" in trainer.tokenizer.decode(trainer._prompts(trainer.task.train[0])[1])
+    teacher = trainer.tokenizer.decode(trainer._prompts(trainer.task.train[0])[1])
+    assert "The correct answer is an even number of letters." in teacher
 
 
 def test_kl_opsd_agg_modes_epochs_minibatches(tmp_path) -> None:

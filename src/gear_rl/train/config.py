@@ -52,11 +52,11 @@ class RolloutConfig:
             after every update.
     """
 
-    prompts_per_step: int = 8
+    prompts_per_step: int = 4
     samples_per_prompt: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
-    max_new_tokens: int = 48
+    max_new_tokens: int = 32
     batch_size: int | None = None
     dtype: str = "auto"
 
@@ -101,7 +101,7 @@ class OptimConfig:
         weight_decay, beta1, beta2, eps: AdamW's. ``grad_clip``: max global grad norm (0: off).
     """
 
-    lr: float = 2e-5
+    lr: float = 3e-5
     warmup_steps: int = 0
     weight_decay: float = 0.0
     beta1: float = 0.9
@@ -121,6 +121,11 @@ class SignalConfig:
         batch_size: rows per no-grad scoring forward (old log-probs, signals, reference).
         placement: where the reference goes in the teacher prompt (``user_end``,
             ``new_user_turn``, ``system``).
+        answer_template: the teacher's hint for a final-answer reference (must contain
+            ``{reference}``). The default is one short sentence: the teacher pass costs in
+            proportion to its prompt length, and on a CPU this pass is GEAR's whole overhead.
+            ``null`` uses ``gear_rl.signals.teacher``'s longer default, which also asks the
+            model to solve the problem on its own.
     """
 
     divergence: str = "full"
@@ -128,6 +133,7 @@ class SignalConfig:
     chunk_size: int | None = None
     batch_size: int = 32
     placement: str = "user_end"
+    answer_template: str | None = "\n\n(The correct answer is {reference}.)"
 
 
 @dataclass
@@ -144,11 +150,11 @@ class EvalConfig:
         batch_size: rows per generation batch.
     """
 
-    size: int = 128
+    size: int = 64
     k: int = 4
     temperature: float = 0.6
     top_p: float = 0.95
-    max_new_tokens: int = 48
+    max_new_tokens: int = 32
     every: int = 0
     at_start: bool = True
     seed: int = 1234
@@ -180,8 +186,9 @@ class TrainConfig:
 
     Attributes:
         model: ``smollm2-135m`` (bundled), ``tiny-random`` (tests) or a local HF directory.
-        task: a preset (``arithmetic``, ``arithmetic-3``, ``products``), a reasoning-gym dataset
-            name, or a verl-layout ``.parquet`` / ``.jsonl`` file.
+        task: a preset (``products``: one-digit products, the default; ``arithmetic``,
+            ``arithmetic-3``), a reasoning-gym dataset name, or a verl-layout ``.parquet`` /
+            ``.jsonl`` file.
         task_options: reasoning-gym dataset config overrides (e.g. ``task_options.max_terms=3``).
         instruction: text appended to every reasoning-gym question.
         eval_data: held-out file for a dataset-file task (None: hold out part of ``task``).
@@ -200,14 +207,14 @@ class TrainConfig:
     """
 
     model: str = "smollm2-135m"
-    task: str = "arithmetic"
+    task: str = "products"
     task_options: dict[str, Any] = field(default_factory=dict)
     instruction: str = ""
     eval_data: str | None = None
     train_size: int = 2000
     estimator: str = "gear"
     credit: dict[str, Any] = field(default_factory=dict)
-    steps: int = 30
+    steps: int = 20
     seed: int = 0
     out: str | None = None
     resume: str | None = None
@@ -282,6 +289,9 @@ class TrainConfig:
                    "signals.divergence": (self.signals.divergence, ("full", "topk", "k1", "k3")),
                    "signals.placement": (self.signals.placement,
                                          ("user_end", "new_user_turn", "system"))}
+        template = self.signals.answer_template
+        if template is not None and "{reference}" not in template:
+            raise ValueError("signals.answer_template must contain '{reference}'")
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")

@@ -185,7 +185,9 @@ class Trainer:
                               else self.estimator.make_config(**config.credit))
         self.distill = config.estimator == "opsd" or config.loss.opsd_coef > 0
         self.needs_teacher = self.distill or bool(self.estimator and self.estimator.needs)
-        self.teacher_config = TeacherPromptConfig(placement=config.signals.placement)
+        template = ({} if config.signals.answer_template is None
+                    else {"answer_template": config.signals.answer_template})
+        self.teacher_config = TeacherPromptConfig(placement=config.signals.placement, **template)
         self._prompt_cache: dict[str, tuple[list[int], list[int]]] = {}
 
         self.optimizer = torch.optim.AdamW(

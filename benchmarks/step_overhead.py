@@ -1,0 +1,143 @@
+"""GEAR's cost over GRPO in the built-in trainer, and the rollout engine against model.generate.
+
+1. Step time: a GEAR trainer and a GRPO trainer on the same config (default: SmolLM2-135M on the
+   default task), alternating steps in one process. The learning rate is set to 1e-12, so both
+   keep the starting weights and, with the same seed, sample the same batches: the only
+   difference left is GEAR's signal pass (one no-grad teacher forward and the divergence) and
+   its credit computation. Goal: median GEAR step / median GRPO step <= 1.15.
+2. Rollout: the trainer's KV-cache sampler against ``model.generate`` (sampling, same
+   temperature and top-p, same stop tokens, same ``max_new_tokens``) on the same prompt batch,
+   alternating. Throughput counts tokens up to each row's first stop token. Goal: >= 1.0x.
+
+Run:  python benchmarks/step_overhead.py [--steps 3] [--generate-repeats 2] [key=value ...]
+(keys as for ``gear-rl train``; e.g. ``model=tiny-random`` for a quick check). Prints a table and
+one JSON line. On a shared CPU, run it when the machine is quiet: it measures wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
+
+from gear_rl.train import Trainer, load_config
+from gear_rl.train.rollout import sample_responses
+
+
+def _useful_tokens(rows: list[list[int]], stops: set[int]) -> int:
+    total = 0
+    for row in rows:
+        for token in row:
+            total += 1
+            if token in stops:
+                break
+    return total
+
+
+def bench_steps(overrides: list[str], steps: int, workdir: str) -> dict:
+    """Median step/phase times of GEAR and GRPO, alternating, with frozen weights."""
+    common = [*overrides, "optim.lr=1e-12", "log.progress=false", "log.tensorboard=false",
+              "log.samples_per_step=0", "log.checkpoint_every=0", "eval.at_start=false"]
+    gear = Trainer(load_config(None, [*common, "estimator=gear", f"out={workdir}/gear"]))
+    grpo = Trainer(load_config(None, [*common, "estimator=grpo", f"out={workdir}/grpo"]),
+                   model=copy.deepcopy(gear.model), tokenizer=gear.tokenizer, task=gear.task)
+    times: dict[str, list[dict]] = {"gear": [], "grpo": []}
+    for step in range(steps + 1):  # step 0 warms up (numba compile, allocator)
+        for name, trainer in (("gear", gear), ("grpo", grpo)):
+            record, _ = trainer.step(step + 1)
+            if step > 0:
+                times[name].append(record)
+            print(f"  {name} step {step}: {record['time/step']:.2f} s (rollout "
+                  f"{record['time/rollout']:.2f}, signals {record['time/signals']:.2f}, "
+                  f"update {record['time/update']:.2f}); {record['response_len']:.1f} tok/resp",
+                  file=sys.stderr, flush=True)
+    out = {}
+    for name, records in times.items():
+        for key in ("time/step", "time/rollout", "time/signals", "time/credit", "time/update"):
+            out[f"{name}_{key.split('/')[1]}_median_s"] = statistics.median(r[key] for r in
+                                                                            records)
+    out["gear_over_grpo_step"] = out["gear_step_median_s"] / out["grpo_step_median_s"]
+    out["same_batches"] = all(a["reward_mean"] == b["reward_mean"]
+                              and a["response_len"] == b["response_len"]
+                              for a, b in zip(times["gear"], times["grpo"], strict=True))
+    return out, gear
+
+
+def bench_rollout(trainer: Trainer, repeats: int) -> dict:
+    """The trainer's sampler vs ``model.generate`` on one step's prompt batch."""
+    config = trainer.config.rollout
+    problems = [p for p in trainer._problems_for_step(1) for _ in range(config.samples_per_prompt)]
+    prompts = [trainer._prompts(p)[0] for p in problems]
+    model, stops = trainer.sampler, set(trainer.stop_ids)
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), trainer.pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+        attention[row, width - len(prompt):] = 1
+    device = next(model.parameters()).device
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    ours, theirs = [], []
+    for repeat in range(repeats):
+        generator = torch.Generator(device=device).manual_seed(repeat)
+        started = time.perf_counter()
+        result = sample_responses(model, prompts, max_new_tokens=config.max_new_tokens,
+                                  stop_ids=stops, pad_id=trainer.pad_id,
+                                  temperature=config.temperature, top_p=config.top_p,
+                                  generator=generator)
+        seconds = time.perf_counter() - started
+        ours.append(result.num_tokens / seconds)
+        torch.manual_seed(repeat)
+        started = time.perf_counter()
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=input_ids, attention_mask=attention, do_sample=True,
+                temperature=config.temperature, top_p=config.top_p, top_k=0,
+                max_new_tokens=config.max_new_tokens, eos_token_id=sorted(stops),
+                pad_token_id=trainer.pad_id,
+            )
+        seconds = time.perf_counter() - started
+        rows = generated[:, width:].tolist()
+        theirs.append(_useful_tokens(rows, stops) / seconds)
+        print(f"  rollout repeat {repeat}: ours {ours[-1]:.0f} tok/s, generate "
+              f"{theirs[-1]:.0f} tok/s", file=sys.stderr, flush=True)
+    return {"rollout_rows": len(prompts), "ours_tok_per_s": statistics.median(ours),
+            "generate_tok_per_s": statistics.median(theirs),
+            "ours_over_generate": statistics.median(ours) / statistics.median(theirs)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per estimator")
+    parser.add_argument("--generate-repeats", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        steps, trainer = bench_steps(args.overrides, args.steps, workdir)
+        rollout = bench_rollout(trainer, args.generate_repeats)
+    result = {"overrides": args.overrides, "threads": torch.get_num_threads(),
+              "load_average": os.getloadavg(), **steps, **rollout,
+              "wall_s": time.perf_counter() - started}
+    print(f"GEAR step {steps['gear_step_median_s']:.2f} s / GRPO step "
+          f"{steps['grpo_step_median_s']:.2f} s = {steps['gear_over_grpo_step']:.3f} "
+          f"(goal <= 1.15); signals {steps['gear_signals_median_s']:.2f} s vs "
+          f"{steps['grpo_signals_median_s']:.2f} s")
+    print(f"rollout {rollout['ours_tok_per_s']:.0f} tok/s vs model.generate "
+          f"{rollout['generate_tok_per_s']:.0f} tok/s = {rollout['ours_over_generate']:.2f}x "
+          "(goal >= 1.0)")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
