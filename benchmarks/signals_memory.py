@@ -1,7 +1,8 @@
 """Peak memory and time of the chunked signal pass against the naive full-logits pass.
 
     python benchmarks/signals_memory.py [--quick] [--device cpu|cuda] [--repeats 3]
-        [--chunk-size N] [--layers 2] [--grad] [--bf16] [--skip-smollm2] [--skip-compare]
+        [--chunk-size N] [--layers 2] [--threads N] [--grad] [--bf16] [--skip-smollm2]
+        [--skip-compare]
 
 Part 1, chunked vs naive (issue 3's goal: peak extra memory <= 1/8 of naive at <= 1.1x its
 time). Model: a random Llama with SmolLM2-135M's vocabulary (49,152) and width (hidden 576,
@@ -162,6 +163,8 @@ def _spawn(args: argparse.Namespace, worker: str, grad: bool) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", worker,
                "--device", args.device, "--repeats", str(args.repeats),
                "--layers", str(args.layers)]
+    if args.threads is not None:
+        command += ["--threads", str(args.threads)]
     if args.quick:
         command.append("--quick")
     if grad:
@@ -252,6 +255,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (on a machine shared with other jobs, 1 thread "
+                             "can be faster than 2)")
     parser.add_argument("--chunk-size", type=int, default=None)
     parser.add_argument("--grad", action="store_true", help="also compare forward + backward")
     parser.add_argument("--skip-smollm2", action="store_true")
@@ -263,6 +269,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.worker:
         _worker(args)
         return

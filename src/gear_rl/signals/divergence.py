@@ -194,22 +194,26 @@ def response_logprobs(
 
 
 class _Rows:
-    """The packed rows: one per scored response token, in (example, position) order."""
+    """The packed rows: one per scored response token, in (example, position) order.
+
+    ``example`` and ``position`` are ``[N]`` long tensors, ``out_index = example * T + position``
+    its flat index in the ``[B, T]`` outputs, ``targets`` the ``[N]`` response token ids.
+    """
 
     def __init__(self, policy: list[list[bool]], responses: list[list[int]],
                  device: torch.device) -> None:
         self.batch, self.length = len(responses), max(len(r) for r in responses)
         self.device = device
-        self.example = [b for b, row in enumerate(policy) for keep in row if keep]
-        self.position = [t for row in policy for t, keep in enumerate(row) if keep]
-        self.out_index = torch.tensor(
-            [b * self.length + t for b, t in zip(self.example, self.position, strict=True)],
-            dtype=torch.long, device=device,
-        )
-        self.targets = torch.tensor(
-            [responses[b][t] for b, t in zip(self.example, self.position, strict=True)],
-            dtype=torch.long, device=device,
-        )
+        padded_ids = torch.zeros(self.batch, self.length, dtype=torch.long)
+        padded_mask = torch.zeros(self.batch, self.length, dtype=torch.bool)
+        for b, (ids, keep) in enumerate(zip(responses, policy, strict=True)):
+            padded_ids[b, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            padded_mask[b, : len(keep)] = torch.tensor(keep, dtype=torch.bool)
+        out_index = padded_mask.flatten().nonzero().squeeze(-1)
+        self.out_index = out_index.to(device)
+        self.example = (out_index // self.length).to(device)
+        self.position = (out_index % self.length).to(device)
+        self.targets = padded_ids.flatten()[out_index].to(device)
 
     def scatter(self, values: list[torch.Tensor]) -> torch.Tensor:
         """Place packed ``[N]`` values into a zero ``[B, T]`` float32 tensor."""
@@ -318,11 +322,9 @@ def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
     hidden = backbone(
         input_ids=input_ids, position_ids=position_ids, use_cache=False
     ).last_hidden_state  # [B, L, H]
-    flat = torch.tensor(
-        [b * length + len(prompts[b]) + t - 1
-         for b, t in zip(rows.example, rows.position, strict=True)],
-        dtype=torch.long, device=rows.device,
-    )
+    prompt_lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long,
+                                  device=rows.device)
+    flat = rows.example * length + prompt_lengths[rows.example] + rows.position - 1
     return hidden.reshape(batch * length, -1).index_select(0, flat)
 
 
