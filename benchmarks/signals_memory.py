@@ -9,8 +9,8 @@ time). Model: a random Llama with SmolLM2-135M's vocabulary (49,152) and width (
 9 heads, 3 KV heads, MLP 1536) but only ``--layers`` (2) layers, so the LM head, the part the
 chunking changes, dominates; the backbone costs both passes the same. Batch: B = 8 responses of
 1,024 tokens after 64-token student prompts and 96-token teacher prompts (``--quick``: B = 2,
-256 tokens). Both passes compute the same thing: student and teacher log-probs of the sampled
-tokens, student entropy, exact (``full``) reverse KL, no gradients.
+256 tokens, chunks of 64 rows). Both passes compute the same thing: student and teacher
+log-probs of the sampled tokens, student entropy, exact (``full``) reverse KL, no gradients.
 
 - ``chunked``: ``gear_rl.signals.token_signals`` (backbone once per side, then the LM head and
   the softmax maths over ``chunk_size`` response positions at a time);
@@ -251,7 +251,8 @@ def smollm2(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="B=2, 256 tokens; SmolLM2 4 x 64")
+    parser.add_argument("--quick", action="store_true",
+                        help="B=2, 256 tokens, chunk size 64 unless given; SmolLM2 4 x 64")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=2)
@@ -271,6 +272,9 @@ def main() -> None:
         parser.error("--repeats must be >= 1")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.quick and args.chunk_size is None:
+        # The default chunk (682 rows at this vocabulary) would hold the whole quick batch.
+        args.chunk_size = 64
     if args.worker:
         _worker(args)
         return
