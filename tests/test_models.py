@@ -17,15 +17,7 @@ from gear_rl.models import (
 )
 from gear_rl.models import smollm2 as smollm2_module
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
-    OpenMP threads contending with other jobs ran these tests several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_tiny_tokenizer_round_trips_and_has_chatml():

@@ -16,15 +16,7 @@ from gear_rl.signals import (
     token_signals,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine two
-    OpenMP threads contending with other jobs ran these tests several times slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 QUESTION = [{"role": "system", "content": "You are terse."},
