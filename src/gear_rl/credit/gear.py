@@ -69,7 +69,9 @@ def _numpy(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 def _run_kernel(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
                 advantages: torch.Tensor | None, config: GEARConfig,
                 output: int) -> torch.Tensor:
-    """Move inputs to contiguous CPU arrays the kernel accepts, run it, raise on bad values."""
+    """Check the inputs, move them to contiguous CPU arrays the kernel accepts, run it, and
+    raise on the bad values it reports."""
+    _check_inputs(divergence, entropy, mask, advantages, config)
     device = mask.device
     wide = torch.float64 in (divergence.dtype, entropy.dtype) or (
         advantages is not None and advantages.dtype == torch.float64)
@@ -121,7 +123,6 @@ def gear_advantages(
         ValueError: naming the argument, for wrong shapes or dtypes, NaN/inf, or mask values
         other than 0/1.
     """
-    _check_inputs(divergence, entropy, mask, advantages, config)
     return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_ADVANTAGES)
 
 
@@ -141,7 +142,6 @@ def gear_segments(
         ``[B, T]`` int64: for each policy token, the index ``t`` of the onset of the segment that
         holds it; -1 outside segments and at every masked-out position.
     """
-    _check_inputs(divergence, entropy, mask, None, config)
     return _run_kernel(divergence, entropy, mask, None, config, OUTPUT_ONSETS)
 
 
@@ -158,7 +158,6 @@ def gear_weights(
     ``mask == 0``; ``gear_advantages == gear_weights * advantages[:, None]``. For metrics and
     the token-credit viewer.
     """
-    _check_inputs(divergence, entropy, mask, advantages, config)
     return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_WEIGHTS)
 
 
