@@ -607,19 +607,20 @@ class Trainer:
         )
 
     def _eval_record(self, step: int) -> dict[str, Any]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         result = self.evaluate()
         k = self.config.eval.k
         return {"step": step, f"eval/mean@{k}": result[f"mean@{k}"],
                 f"eval/pass@{k}": result[f"pass@{k}"],
                 "eval/response_len": result["response_len"],
                 "eval/truncated": result["truncated"],
-                "time/eval": time.perf_counter() - started}
+                "time/eval": time.perf_counter() - started,
+                "time/eval_cpu": time.process_time() - cpu_started}
 
     # ------------------------------------------------------------------ the loop
     def step(self, step: int) -> tuple[dict[str, Any], StepBatch]:
         """One full training step; returns its metrics record and batch."""
-        timings, started = {}, time.perf_counter()
+        timings, started, cpu_started = {}, time.perf_counter(), time.process_time()
         batch = self.rollout(step)
         timings["time/rollout"] = time.perf_counter() - started
         mark = time.perf_counter()
@@ -632,6 +633,9 @@ class Trainer:
         update = self.update(batch, step)
         timings["time/update"] = time.perf_counter() - mark
         timings["time/step"] = time.perf_counter() - started
+        # CPU seconds of this process (all its threads): on a shared machine, wall time
+        # measures the neighbours too; this is what the step itself cost.
+        timings["time/step_cpu"] = time.process_time() - cpu_started
         tokens = sum(len(r) for r in batch.response_ids)
         record = {"step": step, **self.batch_metrics(batch), **update, **timings,
                   "rollout_tok_per_s": tokens / max(timings["time/rollout"], 1e-9)}
