@@ -17,11 +17,20 @@ from typing import Any
 
 import torch
 
-from gear_rl.credit._validate import check_batch_size, check_mask
+from gear_rl.credit._validate import check_batch_size, check_mask, check_vector
 from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.config import GEARConfig, OutcomeConfig, RLSDConfig, TopEntropyConfig
 from gear_rl.credit.gear import gear_advantages
 from gear_rl.credit.grpo import grpo_advantages
+from gear_rl.credit.steps import (
+    GAGPOConfig,
+    GatedBEPOConfig,
+    GearStepsConfig,
+    GiGPOConfig,
+    TurnLevelConfig,
+)
+from gear_rl.credit.steps.common import broadcast_steps, output_dtype, step_inputs_from_extras
+from gear_rl.credit.steps.gear_steps import NEEDS_STATES, base_step_advantages, gear_reweight
 from gear_rl.credit.token import rlsd_advantages, top_entropy_advantages
 
 EstimatorFn = Callable[[CreditBatch, Any], torch.Tensor]
@@ -106,6 +115,27 @@ def _rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
                            batch.teacher_logprobs, batch.mask, lam=config.lam, eps_w=config.eps_w)
 
 
+def _step_method(name: str) -> EstimatorFn:
+    """A registry function for the step estimator ``name`` (inputs in ``batch.extras``)."""
+    def run(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+        check_vector("rewards", batch.rewards)
+        steps = step_inputs_from_extras(name, batch.mask, batch.group_ids, batch.extras,
+                                        require_states=name in NEEDS_STATES)
+        per_step = base_step_advantages(batch.rewards, steps, batch.group_ids, name, config)
+        return broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
+    return run
+
+
+def _gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:
+    check_vector("rewards", batch.rewards)
+    steps = step_inputs_from_extras("gear_steps", batch.mask, batch.group_ids, batch.extras,
+                                    require_states=config.base in NEEDS_STATES)
+    per_step = base_step_advantages(batch.rewards, steps, batch.group_ids, config.base,
+                                    config.resolved_base_config)
+    base = broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
+    return gear_reweight(base, batch.divergence, batch.entropy, batch.mask, config.gear_config())
+
+
 _GEAR_NEEDS = ("divergence", "entropy")
 
 
@@ -137,11 +167,34 @@ ESTIMATORS: Mapping[str, Estimator] = MappingProxyType({
 })
 
 
+# Step-level methods for multi-turn agents. They read per-step inputs from ``batch.extras``
+# (``step_spans``, ``step_rewards`` optional, ``state_keys`` for all but ``turn_level``; see
+# ``gear_rl.credit.steps.STEP_EXTRAS``) and fail naming the missing keys. Kept apart from
+# ``ESTIMATORS``, whose members run on any batch of token signals; ``get_estimator`` finds both.
+STEP_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType({
+    e.name: e for e in (
+        Estimator("turn_level", _step_method("turn_level"), TurnLevelConfig, (),
+                  MappingProxyType({}), "MT-GRPO: group-normalised turn rewards + outcome"),
+        Estimator("gigpo", _step_method("gigpo"), GiGPOConfig, (), MappingProxyType({}),
+                  "GiGPO: episode advantage + omega * anchor-state step advantage"),
+        Estimator("gagpo", _step_method("gagpo"), GAGPOConfig, (), MappingProxyType({}),
+                  "GAGPO: GAE over a grouped state-value proxy, group-normalised"),
+        Estimator("gated_bepo", _step_method("gated_bepo"), GatedBEPOConfig, (),
+                  MappingProxyType({}),
+                  "Gated-BEPO: Bellman backups on the rollout graph, gated at branching states"),
+        Estimator("gear_steps", _gear_steps, GearStepsConfig, _GEAR_NEEDS, MappingProxyType({}),
+                  "GEAR token weights over a step-level advantage (base: gigpo by default)"),
+    )
+})
+
+
 def get_estimator(name: str) -> Estimator:
-    """The registered estimator called ``name``; unknown names raise listing the valid ones."""
+    """The registered estimator called ``name`` (token-level or step-level); unknown names raise
+    listing the valid ones."""
     try:
-        return ESTIMATORS[name]
+        return ESTIMATORS[name] if name in ESTIMATORS else STEP_ESTIMATORS[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"unknown estimator {name!r}; registered: {sorted(ESTIMATORS)}"
+            f"unknown estimator {name!r}; registered: "
+            f"{sorted(ESTIMATORS)}, step-level: {sorted(STEP_ESTIMATORS)}"
         ) from None

@@ -1,0 +1,163 @@
+"""GAGPO: Generalized Advantage Grouped Policy Optimization.
+
+Zhu et al., "GAGPO: Generalized Advantage Grouped Policy Optimization", arXiv 2605.13217,
+Sec. 3. Critic-free TD/GAE credit over a non-parametric value proxy:
+
+1. **Grouping.** Steps of the trajectories of one prompt group that acted in identical states
+   (equal state keys) form a state group; never across prompts.
+2. **Grouped value proxy.** ``V(s) = mean of G_k`` over the steps ``k`` in the state group of
+   ``s``, with ``G_k = sum_{j >= k} gamma^(j-k) r_j`` the step's discounted return.
+3. **TD residuals** along each trajectory: ``delta_k = r_k + gamma * V(s_{k+1}) - V(s_k)``, with
+   ``V = 0`` after the last step.
+4. **GAE**: ``A_k = sum_{j >= k} (gamma * lam)^(j-k) delta_{j}``.
+5. **Group normalisation** of ``A`` over every step of the prompt group.
+
+(The paper's action-level importance ratio belongs to the policy loss, not to this estimator.)
+
+Choices the paper leaves open (knobs of :class:`GAGPOConfig`, or stated here):
+
+- ``lam`` and ``gamma`` defaults (0.95 / 0.95) are this project's, the usual GAE values.
+- **Normalisation unit** ``adv_norm``: ``mean_std_norm`` (default; unbiased std plus ``eps``),
+  ``mean_norm`` (centre only) or ``none``, over all steps of the prompt group, each step counting
+  once (a long trajectory weighs more than a short one). A prompt group with a single step, or
+  constant advantages, gets 0.
+- A state seen once has ``V(s) = G_k`` of that one step; with ``lam = 1`` GAE telescopes to
+  ``A_k = G_k - V(s_k)``, so such a step gets 0 before normalisation.
+- Revisits of a state within one trajectory each contribute their own return to ``V(s)``.
+- Returns and the outcome: see :mod:`gear_rl.credit.steps.common` (``outcome_in_returns``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gear_rl.credit.config import _finite
+from gear_rl.credit.steps.common import (
+    NORM_MODES,
+    StepConfig,
+    StepInputs,
+    broadcast_steps,
+    check_outcomes,
+    check_step_inputs,
+    discounted_returns,
+    gae,
+    group_normalize,
+    output_dtype,
+)
+
+ADV_NORM_MODES = (*NORM_MODES, "none")
+
+
+@dataclass(frozen=True)
+class GAGPOConfig(StepConfig):
+    """GAGPO knobs.
+
+    Attributes:
+        lam: GAE ``lambda`` in ``[0, 1]`` (0: one-step TD residuals; 1: return minus proxy).
+        adv_norm: ``mean_std_norm``, ``mean_norm`` or ``none`` over the prompt group's steps.
+    """
+
+    lam: float = 0.95
+    adv_norm: str = "mean_std_norm"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _finite("lam", self.lam)
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
+        if self.adv_norm not in ADV_NORM_MODES:
+            raise ValueError(f"adv_norm must be one of {ADV_NORM_MODES}, got {self.adv_norm!r}")
+
+
+def gagpo_values(steps: StepInputs, stream: list[list[float]], gamma: float
+                 ) -> list[list[float]]:
+    """``V(s_k)`` per step: the mean discounted return of the step's state group."""
+    if steps.state_keys is None:
+        raise ValueError("state_keys is required for GAGPO's state groups")
+    totals: dict[tuple[int, Hashable], list[float]] = {}
+    returns = [discounted_returns(rewards, gamma) for rewards in stream]
+    for b, row in enumerate(returns):
+        for k, g in enumerate(row):
+            totals.setdefault((steps.groups[b], steps.state_keys[b][k]), []).append(g)
+    means = {key: sum(v) / len(v) for key, v in totals.items()}
+    return [[means[(steps.groups[b], key)] for key in keys]
+            for b, keys in enumerate(steps.state_keys)]
+
+
+def gagpo_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
+                                      config: GAGPOConfig) -> list[list[float]]:
+    """Per-step GAGPO advantages from checked inputs (``steps.state_keys`` must be set)."""
+    stream = steps.returns_rewards(outcomes.tolist(), config.outcome_in_returns)
+    values = gagpo_values(steps, stream, config.gamma)
+    flat, keys, where = [], [], []
+    for b, (rewards, v) in enumerate(zip(stream, values, strict=True)):
+        deltas = [r + config.gamma * (v[k + 1] if k + 1 < len(v) else 0.0) - v[k]
+                  for k, r in enumerate(rewards)]
+        for k, a in enumerate(gae(deltas, config.gamma, config.lam)):
+            flat.append(a)
+            keys.append(steps.groups[b])
+            where.append((b, k))
+    normalized = group_normalize(flat, keys, config.adv_norm, config.eps)
+    out = [[0.0] * len(r) for r in stream]
+    for (b, k), a in zip(where, normalized, strict=True):
+        out[b][k] = a
+    return out
+
+
+def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
+             mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
+             state_keys: Sequence[Sequence[Hashable]],
+             step_rewards: Sequence[Sequence[float]] | None, config: GAGPOConfig
+             ) -> tuple[StepInputs, list[list[float]]]:
+    if not isinstance(config, GAGPOConfig):
+        raise ValueError(f"config must be a GAGPOConfig, got {type(config).__name__}")
+    check_outcomes(rewards, mask)
+    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
+                              require_states=True)
+    return steps, gagpo_step_advantages_from_inputs(rewards, steps, config)
+
+
+def gagpo_step_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    mask: torch.Tensor,
+    step_spans: Sequence[Sequence[tuple[int, int]]],
+    state_keys: Sequence[Sequence[Hashable]],
+    step_rewards: Sequence[Sequence[float]] | None = None,
+    config: GAGPOConfig = GAGPOConfig(),
+) -> list[list[float]]:
+    """Per-step GAGPO advantages: ``B`` lists, one float per step (args as in
+    :func:`gagpo_advantages`)."""
+    return _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards, config)[1]
+
+
+def gagpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    mask: torch.Tensor,
+    step_spans: Sequence[Sequence[tuple[int, int]]],
+    state_keys: Sequence[Sequence[Hashable]],
+    step_rewards: Sequence[Sequence[float]] | None = None,
+    config: GAGPOConfig = GAGPOConfig(),
+) -> torch.Tensor:
+    """GAGPO token-level advantages.
+
+    Args:
+        rewards: ``[B]`` outcome reward per trajectory (enters the returns when
+            ``config.outcome_in_returns``).
+        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
+        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
+        step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
+        state_keys: ``B`` lists of hashable keys of the state each step acted in.
+        step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
+        config: the knobs.
+
+    Returns:
+        ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), 0 where ``mask == 0``.
+    """
+    steps, per_step = _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards,
+                               config)
+    return broadcast_steps(per_step, steps.spans, mask, output_dtype(rewards))
