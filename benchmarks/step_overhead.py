@@ -2,9 +2,11 @@
 
 1. Step time: a GEAR trainer and a GRPO trainer on the same config (default: SmolLM2-135M on the
    default task), alternating steps in one process. The learning rate is set to 1e-12, so both
-   keep the starting weights and, with the same seed, sample the same batches: the only
-   difference left is GEAR's signal pass (one no-grad teacher forward and the divergence) and
-   its credit computation. Goal: median GEAR step / median GRPO step <= 1.15.
+   keep the starting weights and, with the same seed, sample nearly the same batches (the two
+   model copies can differ in the last float bits, which now and then flips a sampled token;
+   ``same_batches`` in the output says whether every step's batch matched): the difference
+   left is GEAR's signal pass (one no-grad teacher forward and the divergence) and its credit
+   computation. Goal: median GEAR step / median GRPO step <= 1.15.
 2. Rollout: the trainer's KV-cache sampler against ``model.generate`` (sampling, same
    temperature and top-p, same stop tokens, same ``max_new_tokens``) on the same prompt batch,
    alternating. Throughput counts tokens up to each row's first stop token. Goal: >= 1.0x.
