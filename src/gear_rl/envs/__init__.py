@@ -1,0 +1,34 @@
+"""Multi-turn text environments with hashable states, for the step-level credit estimators.
+
+``base.py``: the :class:`TextEnv` interface (``reset(seed) -> observation``,
+``step(action_text) -> StepResult``, ``state_key``), action parsing, the BFS planner.
+``sokoban.py``: text Sokoban with generated solvable levels. ``keydoor.py``: a key-and-door grid
+whose states repeat often. ``textarena.py``: an adapter for single-player TextArena games
+(optional dependency).
+"""
+
+from gear_rl.envs.base import DIRECTIONS, GridModel, StepResult, TextEnv, bfs_plan, parse_action
+from gear_rl.envs.grid import GridEnvConfig, GridTextEnv
+from gear_rl.envs.keydoor import KeyDoorConfig, KeyDoorEnv, KeyDoorLevel, generate_keydoor
+from gear_rl.envs.sokoban import SokobanConfig, SokobanEnv, SokobanLevel, generate_sokoban
+from gear_rl.envs.textarena import TextArenaEnv
+
+__all__ = [
+    "DIRECTIONS",
+    "GridEnvConfig",
+    "GridModel",
+    "GridTextEnv",
+    "KeyDoorConfig",
+    "KeyDoorEnv",
+    "KeyDoorLevel",
+    "SokobanConfig",
+    "SokobanEnv",
+    "SokobanLevel",
+    "StepResult",
+    "TextArenaEnv",
+    "TextEnv",
+    "bfs_plan",
+    "generate_keydoor",
+    "generate_sokoban",
+    "parse_action",
+]

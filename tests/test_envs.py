@@ -1,0 +1,231 @@
+"""gear_rl.envs: action parsing, Sokoban and key-and-door dynamics, the BFS planner, the
+TextArena adapter, and rollouts feeding the step-level estimators."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from gear_rl.credit import STEP_ESTIMATORS, CreditBatch
+from gear_rl.envs import (
+    KeyDoorConfig,
+    KeyDoorEnv,
+    SokobanConfig,
+    SokobanEnv,
+    TextEnv,
+    bfs_plan,
+    generate_keydoor,
+    generate_sokoban,
+    parse_action,
+)
+from gear_rl.envs.sokoban import SokobanLevel
+
+MOVES = ("up", "down", "left", "right")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("<action>up</action>", "up"),
+    ("I think <action> Left </action>", "left"),
+    ("<action>[right]</action>", "right"),
+    ("<action>up</action> then <action>down</action>", "down"),
+    ("<action>jump</action> go up", None),           # a bad tag makes the turn malformed
+    ("Push it to the left, then down.", "down"),     # no tag: the last direction word
+    ("uppercase downward", None),                    # whole words only
+    ("", None),
+    ("UP", "up"),
+])
+def test_parse_action(text: str, expected: str | None) -> None:
+    assert parse_action(text, MOVES) == expected
+
+
+def play(env: TextEnv, plan: list[str]) -> list:
+    return [env.step(f"Thinking... <action>{move}</action>") for move in plan]
+
+
+@pytest.mark.parametrize("num_boxes", [1, 2])
+def test_every_generated_sokoban_level_is_solved_by_the_planner(num_boxes: int) -> None:
+    config = SokobanConfig(num_boxes=num_boxes)
+    env = SokobanEnv(config)
+    for seed in range(25):
+        env.reset(seed)
+        plan = env.plan()
+        assert plan is not None and 2 <= len(plan) <= 12, seed
+        results = play(env, plan)
+        assert results[-1].done and results[-1].info["success"]
+        assert not any(r.done for r in results[:-1])
+        total = sum(r.reward for r in results)
+        # every turn pays the step penalty; each box lands on a target once at least
+        assert total >= config.solve_reward + len(plan) * config.step_penalty
+
+
+def test_sokoban_is_deterministic_per_seed_and_varies_across_seeds() -> None:
+    a, b = SokobanEnv(), SokobanEnv()
+    assert a.reset(7) == b.reset(7)
+    assert a.state_key == b.state_key
+    boards = {SokobanEnv().reset(seed) for seed in range(10)}
+    assert len(boards) > 5
+
+
+def test_sokoban_rules_by_hand() -> None:
+    # # # # # #      player (1,1), box (1,2), target (1,3); wall below the box
+    # P X O #
+    # _ # _ #
+    # # # # #
+    h, w = 4, 5
+    walls = frozenset({(r, c) for r in range(h) for c in range(w)
+                       if r in (0, h - 1) or c in (0, w - 1)} | {(2, 2)})
+    config = SokobanConfig()
+    level = SokobanLevel(walls, frozenset({(1, 3)}), (1, 1), ((1, 2),), h, w, config)
+    start = level.initial_state()
+    assert level.render(start).splitlines()[1] == "# P X O #"
+    same, reward, solved, moved = level.transition(start, "up")        # wall
+    assert (same, moved, solved) == (start, False, False) and reward == config.step_penalty
+    state, reward, solved, moved = level.transition(start, "right")    # push onto the target
+    assert moved and solved and state == ((1, 2), ((1, 3),))
+    assert reward == pytest.approx(config.step_penalty + config.box_reward + config.solve_reward)
+    assert level.render(state).splitlines()[1] == "# _ P * #"
+    blocked = level.transition(state, "right")                          # box against the wall
+    assert blocked[3] is False
+    assert bfs_plan(level) == ["right"]
+
+
+def test_malformed_action_is_a_penalised_no_op_and_the_step_limit_truncates() -> None:
+    env = SokobanEnv(SokobanConfig(max_steps=2, invalid_action_penalty=-0.5))
+    env.reset(0)
+    key = env.state_key
+    result = env.step("I will not say a direction.")
+    assert result.reward == -0.5 and not result.done
+    assert result.info["action"] is None and not result.info["valid_action"]
+    assert env.state_key == key
+    assert "No valid action" in result.observation
+    result = env.step("<action>dance</action>")
+    assert result.done and result.info["truncated"] and not result.info["success"]
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("<action>up</action>")
+
+
+def test_bad_configs_raise() -> None:
+    with pytest.raises(ValueError, match="num_boxes"):
+        SokobanConfig(num_boxes=0)
+    with pytest.raises(ValueError, match="min_solution_length"):
+        SokobanConfig(min_solution_length=5, max_solution_length=3)
+    with pytest.raises(ValueError, match="max_steps"):
+        KeyDoorConfig(max_steps=0)
+    with pytest.raises(ValueError, match="width"):
+        KeyDoorConfig(width=3)
+    with pytest.raises(RuntimeError, match="no solvable Sokoban level"):
+        generate_sokoban(0, SokobanConfig(min_solution_length=90, max_solution_length=100,
+                                          max_attempts=3))
+    with pytest.raises(ValueError, match="seed"):
+        SokobanEnv().reset("0")  # type: ignore[arg-type]
+
+
+def test_keydoor_levels_are_solved_and_the_door_needs_the_key() -> None:
+    env = KeyDoorEnv()
+    for seed in range(40):
+        env.reset(seed)
+        plan = env.plan()
+        assert plan is not None, seed
+        results = play(env, plan)
+        assert results[-1].done and results[-1].info["success"]
+        assert results[-1].reward == pytest.approx(1.0)
+    level = generate_keydoor(3, KeyDoorConfig())
+    # standing next to the door without the key: the door does not open
+    r, c = level.door
+    beside = ((r, c - 1), False, False)
+    assert level.transition(beside, "right")[3] is False
+    opened, _, _, moved = level.transition(((r, c - 1), True, False), "right")
+    assert moved and opened == ((r, c), True, True)
+
+
+def test_keydoor_states_repeat() -> None:
+    # a move and its reverse (without touching the key) come back to the same state key
+    level = generate_keydoor(1, KeyDoorConfig())
+    state = level.initial_state()
+    for move in MOVES:
+        nxt, _, _, moved = level.transition(state, move)
+        if moved and nxt[1] == state[1]:
+            back = {"up": "down", "down": "up", "left": "right", "right": "left"}[move]
+            assert level.transition(nxt, back)[0] == state
+            break
+    else:
+        pytest.fail("no reversible move from the start")
+
+
+def _random_rollouts(env: TextEnv, seed: int, n: int, rng: random.Random
+                     ) -> tuple[list[list], list[list[float]], list[float]]:
+    keys, rewards, outcomes = [], [], []
+    for _ in range(n):
+        env.reset(seed)
+        row_keys, row_rewards = [], []
+        done, success = False, False
+        while not done:
+            row_keys.append(env.state_key)
+            result = env.step(f"<action>{rng.choice(MOVES)}</action>")
+            row_rewards.append(result.reward)
+            done, success = result.done, result.info["success"]
+        keys.append(row_keys)
+        rewards.append(row_rewards)
+        outcomes.append(float(success))
+    return keys, rewards, outcomes
+
+
+def test_keydoor_rollouts_feed_every_step_estimator() -> None:
+    rng = random.Random(0)
+    env = KeyDoorEnv(KeyDoorConfig(max_steps=8))
+    keys, step_rewards, outcomes = [], [], []
+    groups = []
+    for seed in (0, 1):
+        k, r, o = _random_rollouts(env, seed, 4, rng)
+        keys += k
+        step_rewards += r
+        outcomes += o
+        groups += [seed] * 4
+    # repeated states: some state key occurs more than once within a prompt group
+    for seed in (0, 1):
+        flat = [key for row, g in zip(keys, groups, strict=True) if g == seed for key in row]
+        assert len(set(flat)) < len(flat)
+    width = 3
+    length = width * max(len(row) for row in keys)
+    mask = torch.zeros(len(keys), length)
+    spans = []
+    for b, row in enumerate(keys):
+        spans.append([(width * k, width * k + width) for k in range(len(row))])
+        for k in range(len(row)):
+            mask[b, width * k:width * k + 2] = 1
+    generator = torch.Generator().manual_seed(0)
+    batch = CreditBatch(torch.tensor(outcomes), groups, mask,
+                        divergence=torch.rand(mask.shape, generator=generator),
+                        entropy=torch.rand(mask.shape, generator=generator),
+                        extras={"step_spans": spans, "state_keys": keys,
+                                "step_rewards": step_rewards})
+    for name, estimator in STEP_ESTIMATORS.items():
+        config = estimator.make_config(outcome_in_returns=False) if name in (
+            "gigpo", "gagpo", "gated_bepo") else None
+        out = estimator(batch, config)
+        assert torch.isfinite(out).all() and (out[mask == 0] == 0).all(), name
+
+
+def test_textarena_adapter() -> None:
+    pytest.importorskip("textarena")
+    from gear_rl.envs import TextArenaEnv
+
+    env = TextArenaEnv("Sokoban-v0", max_steps=3)
+    first = env.reset(seed=0)
+    assert "Sokoban" in first and "Current Board" in first
+    board = env.state_key
+    assert isinstance(board, str) and "#" in board
+    malformed = env.step("no move here")
+    assert malformed.reward == -0.1 and malformed.info["action"] is None
+    assert env.state_key == board
+    keys = {board}
+    moves = []
+    for move in ("left", "up"):
+        moves.append(env.step(f"<action>{move}</action>"))
+        keys.add(env.state_key)
+    assert all(m.info["action"] for m in moves)
+    assert len(keys) == 3  # seed 0: both moves change the board
+    assert moves[-1].done and (moves[-1].info["truncated"] or moves[-1].info["success"])
+    hash(env.state_key)
