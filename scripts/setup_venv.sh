@@ -12,7 +12,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$repo_root/.venv"
 python_bin="${PYTHON:-python3}"
 torch_req="${GEAR_RL_TORCH:-torch==2.13.0}"
-extras="${GEAR_RL_EXTRAS:-dev}"
+extras="${GEAR_RL_EXTRAS:-dev,envs}"
 stamp_src="$(cat "$repo_root/pyproject.toml" "$repo_root/scripts/setup_venv.sh"; echo "$torch_req $extras")"
 stamp="$(printf '%s' "$stamp_src" | sha256sum | cut -c1-16)"
 
