@@ -1,10 +1,19 @@
 """Procedural tasks from ``reasoning-gym`` (offline, seeded, each with its own scorer).
 
-The default preset, ``arithmetic``, is reasoning-gym's ``basic_arithmetic`` with two one-digit
-terms and ``+``/``-``: the bundled SmolLM2-135M-Instruct gets a low but clearly non-zero share of
-it right (measured in the README), so outcome rewards differ within most groups and GRPO-family
-methods have something to learn from. Harder settings (more terms or digits, word problems) sit
-near 0% for a 135M model: every group is all-wrong and the advantage is zero everywhere.
+Presets (measured on the bundled SmolLM2-135M-Instruct, 48-64 held-out problems x 4 samples,
+temperature 0.6, top-p 0.95, 32-48 new tokens, answer = last number):
+
+- ``products`` (the trainer's default): one-digit products ("Solve the following
+  multiplication: 4 * 7. Give only the result as your final answer."). Mean@4 46-47%, pass@4
+  79-91%: most K=8 groups have mixed outcomes, and the gap between Mean@k and pass@k is what RL
+  can close. Only 100 distinct questions exist; the held-out questions never appear in training.
+- ``arithmetic``: ``basic_arithmetic`` with two one-digit terms, ``+``/``-`` (negatives and
+  parentheses allowed): Mean@4 14% (16% with "Give only the result as your final answer."
+  appended), pass@4 29-36%; about a thousand distinct questions.
+- ``arithmetic-3``: 2-3 terms of 1-2 digits, harder.
+
+Harder settings (word problems, equations) sit near 0% for a 135M model: every group is
+all-wrong and the outcome advantage is zero everywhere.
 """
 
 from __future__ import annotations
