@@ -46,8 +46,10 @@ EOF
   pip_install "$py" --no-deps "verl==0.9.1"
   # tensordict: verl asks <=0.10, whose wheels are built for older torch; 0.15 runs DataProto on
   # torch 2.13 (tests/test_integration_verl.py). omegaconf 2.4: the one that runs on antlr 4.13.
+  # torchdata, peft, cachetools, fastapi, uvicorn: imported at module level by
+  # verl.trainer.ppo.ray_trainer (where compute_advantage lives), checked on a fresh clone.
   pip_install "$py" "ray>=2.41" "tensordict>=0.10" "omegaconf>=2.4" codetiming orjson \
-    "trl==1.16.0"
+    torchdata peft cachetools fastapi uvicorn "trl==1.16.0"
   # Re-register gear-rl's entry points (verl.plugins) in case pyproject.toml changed them.
   "$py" -m pip install -q --disable-pip-version-check --no-deps -e "$repo_root"
   # --- 2. the overlay: .venv plus what verl's v1 trainer imports ------------------------------
