@@ -214,7 +214,7 @@ class TrainConfig:
     train_size: int = 2000
     estimator: str = "gear"
     credit: dict[str, Any] = field(default_factory=dict)
-    steps: int = 20
+    steps: int = 10
     seed: int = 0
     out: str | None = None
     resume: str | None = None
