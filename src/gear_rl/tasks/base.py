@@ -58,3 +58,35 @@ class Task:
     def score(self, problem: Problem, response: str) -> float:
         """Reward of ``response`` (decoded text, end-of-turn token stripped) for ``problem``."""
         return float(self.scorer(problem, response))
+
+
+def split_train_eval(
+    problems: list[Problem],
+    held_out: list[Problem] | None,
+    *,
+    eval_size: int,
+    seed: int,
+    train_size: int | None,
+    source: str,
+) -> tuple[list[Problem], list[Problem]]:
+    """Training and held-out problems of a file-backed task.
+
+    With ``held_out`` given (a separate evaluation file), train on all of ``problems``;
+    otherwise hold out ``min(eval_size, len(problems) // 2)`` of them, chosen by ``seed``, so no
+    held-out problem is trained on. ``train_size`` caps the training problems (None: all).
+    ``source`` names the file in errors.
+    """
+    import random
+
+    if held_out is None:
+        if len(problems) < 2:
+            raise ValueError(f"train_path {source!r}: need at least 2 rows to hold some out")
+        order = list(range(len(problems)))
+        random.Random(seed).shuffle(order)
+        cut = min(eval_size, len(problems) // 2)
+        held_out = [problems[i] for i in sorted(order[:cut])]
+        problems = [problems[i] for i in sorted(order[cut:])]
+    if train_size is not None:
+        problems = problems[:train_size]
+    return problems, held_out
+

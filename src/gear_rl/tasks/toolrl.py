@@ -43,7 +43,6 @@ too.
 from __future__ import annotations
 
 import json
-import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -51,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gear_rl.tasks.base import Problem, Task
+from gear_rl.tasks.base import Problem, Task, split_train_eval
 
 __all__ = [
     "ToolRLScore",
@@ -380,19 +379,12 @@ def toolrl_task(
         raise ValueError(f"reward_scale must be 'unit' or 'paper', got {reward_scale!r}")
     rows = load_toolrl_rows(train_path)
     problems = [toolrl_problem(row, i, "train") for i, row in enumerate(rows)]
+    held_out = None
     if eval_path is not None:
         held_out = [toolrl_problem(row, i, "eval")
                     for i, row in enumerate(load_toolrl_rows(eval_path)[:eval_size])]
-    else:
-        if len(problems) < 2:
-            raise ValueError(f"train_path {str(train_path)!r}: need at least 2 rows to hold out")
-        order = list(range(len(problems)))
-        random.Random(seed).shuffle(order)
-        cut = min(eval_size, len(problems) // 2)
-        held_out = [problems[i] for i in sorted(order[:cut])]
-        problems = [problems[i] for i in sorted(order[cut:])]
-    if train_size is not None:
-        problems = problems[:train_size]
+    problems, held_out = split_train_eval(problems, held_out, eval_size=eval_size, seed=seed,
+                                          train_size=train_size, source=str(train_path))
 
     def scorer(problem: Problem, response: str) -> float:
         score = toolrl_reward(response, problem.answer, require_think=require_think,

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.tasks.answers import extract_answer
-from gear_rl.tasks.base import Problem, Task
+from gear_rl.tasks.base import Problem, Task, split_train_eval
 from gear_rl.tasks.math_check import math_equal
 
 __all__ = ["load_rows", "verl_task"]
@@ -88,23 +88,14 @@ def verl_task(
         seed: the hold-out split's shuffle seed.
         train_size: keep at most this many training rows (None: all).
     """
-    import random
-
     train_rows = load_rows(train_path)
     problems = [row_problem(row, i, "train") for i, row in enumerate(train_rows)]
+    held_out = None
     if eval_path is not None:
         eval_rows = load_rows(eval_path)[:eval_size]
         held_out = [row_problem(row, i, "eval") for i, row in enumerate(eval_rows)]
-    else:
-        if len(problems) < 2:
-            raise ValueError(f"{train_path}: need at least 2 rows to hold some out")
-        order = list(range(len(problems)))
-        random.Random(seed).shuffle(order)
-        cut = min(eval_size, len(problems) // 2)
-        held_out = [problems[i] for i in sorted(order[:cut])]
-        problems = [problems[i] for i in sorted(order[cut:])]
-    if train_size is not None:
-        problems = problems[:train_size]
+    problems, held_out = split_train_eval(problems, held_out, eval_size=eval_size, seed=seed,
+                                          train_size=train_size, source=str(train_path))
 
     def scorer(problem: Problem, response: str) -> float:
         return float(math_equal(problem.answer, response))
