@@ -95,9 +95,8 @@ def _outcome(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
 
 def _broadcast(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
     check_mask(batch.mask)
-    advantages = _outcome(batch, config)
-    dtype = advantages.dtype if advantages.is_floating_point() else torch.float32
-    return advantages[:, None].to(dtype) * batch.mask.to(dtype)
+    advantages = _outcome(batch, config)  # floating: grpo_advantages rejects other rewards
+    return advantages[:, None] * batch.mask.to(advantages.dtype)
 
 
 def _gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
