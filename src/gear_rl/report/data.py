@@ -1,0 +1,272 @@
+"""Reading a run directory for the report: ``config.yaml``, ``metrics.jsonl``, ``samples.jsonl``.
+
+The readers are tolerant by design: unknown keys are kept, missing or null per-token fields stay
+``None`` (GRPO logs no divergence; step-level estimators may add keys), and a metric that a run
+never logged is simply absent from :meth:`RunData.series`. Derived per-token signals (the GEAR
+normalised divergence) reuse the credit package's own normaliser, so the viewer shows exactly the
+``n_t`` the estimator thresholded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gear_rl.credit.config import GEARConfig
+from gear_rl.credit.segments import normalize_reference
+
+__all__ = [
+    "RunData",
+    "TokenCount",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "eval_keys",
+    "load_run",
+    "normalized_divergence",
+    "read_jsonl",
+    "top_divergence_tokens",
+    "weight_stats_by_step",
+]
+
+# Per-token fields of a samples.jsonl record (all optional except tokens).
+TOKEN_FIELDS = ("mask", "entropy", "divergence", "student_logprobs", "teacher_logprobs",
+                "token_advantage", "weight", "segment_onset")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so a
+    reader never sees a half-written file (the file gets the usual umask permissions)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` file, one per non-empty line ([] when the file is
+    missing). A malformed line raises ``ValueError`` naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+        out.append(record)
+    return out
+
+
+@dataclass
+class RunData:
+    """One run directory, read.
+
+    Attributes:
+        path: the run directory.
+        config: ``config.yaml`` as a dict ({} when absent).
+        metrics: ``metrics.jsonl`` records in file order.
+        samples: ``samples.jsonl`` records in file order.
+        summary: ``summary.json`` ({} when absent: an unfinished run).
+    """
+
+    path: Path
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def estimator(self) -> str:
+        """The run's credit estimator (``config.yaml``'s ``estimator``; ``unknown`` if none)."""
+        return str(self.config.get("estimator") or "unknown")
+
+    @property
+    def seed(self) -> int | None:
+        """The run's seed, or None when ``config.yaml`` has none."""
+        seed = self.config.get("seed")
+        return int(seed) if isinstance(seed, (int, float)) else None
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        """``(steps, values)`` of a metric over the run, finite numeric values only."""
+        steps, values = [], []
+        for record in self.metrics:
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+                    value) and isinstance(record.get("step"), int):
+                steps.append(record["step"])
+                values.append(float(value))
+        return steps, values
+
+    @property
+    def normalize_mode(self) -> str:
+        """The GEAR ``normalize`` mode of the run (``credit.normalize``, else the default)."""
+        credit = self.config.get("credit") or {}
+        return str(credit.get("normalize", GEARConfig().normalize))
+
+    @property
+    def lambda_kl(self) -> float:
+        """The run's segment-onset threshold (``credit.lambda_kl``, else the default)."""
+        credit = self.config.get("credit") or {}
+        return float(credit.get("lambda_kl", GEARConfig().lambda_kl))
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    """Read a ``gear-rl train`` run directory.
+
+    Raises:
+        ValueError: when ``run_dir`` is not a directory or holds neither ``metrics.jsonl`` nor
+            ``config.yaml``, or a file in it is malformed.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ValueError(f"run directory {str(path)!r} does not exist")
+    if not (path / "metrics.jsonl").is_file() and not (path / "config.yaml").is_file():
+        raise ValueError(f"{path} is not a gear-rl run directory (no metrics.jsonl or "
+                         "config.yaml)")
+    config: dict[str, Any] = {}
+    if (path / "config.yaml").is_file():
+        loaded = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{path / 'config.yaml'}: expected a mapping")
+        config = loaded or {}
+    summary: dict[str, Any] = {}
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path / 'summary.json'}: not valid JSON ({error.msg})") from error
+    samples = read_jsonl(path / "samples.jsonl")
+    for number, sample in enumerate(samples, start=1):
+        _check_sample(sample, path / "samples.jsonl", number)
+    return RunData(path=path, config=config, metrics=read_jsonl(path / "metrics.jsonl"),
+                   samples=samples, summary=summary)
+
+
+def _check_sample(sample: dict[str, Any], path: Path, number: int) -> None:
+    tokens = sample.get("tokens")
+    if not isinstance(tokens, list):
+        raise ValueError(f"{path}: record {number} has no 'tokens' list")
+    for name in TOKEN_FIELDS:
+        values = sample.get(name)
+        if values is not None and (not isinstance(values, list) or len(values) != len(tokens)):
+            raise ValueError(f"{path}: record {number}: '{name}' must be a list as long as "
+                             f"'tokens' ({len(tokens)}), or null")
+
+
+def eval_keys(metrics: list[dict[str, Any]], prefix: str = "eval/mean@") -> list[str]:
+    """The ``eval/mean@K`` (or other ``prefix``) keys present in ``metrics``, sorted by K."""
+    keys = {key for record in metrics for key in record if key.startswith(prefix)}
+
+    def k_of(key: str) -> tuple[int, str]:
+        tail = key[len(prefix):]
+        return (int(tail), key) if tail.isdigit() else (10**9, key)
+
+    return sorted(keys, key=k_of)
+
+
+def _mask(sample: dict[str, Any]) -> list[int]:
+    mask = sample.get("mask")
+    return [int(m) for m in mask] if mask is not None else [1] * len(sample["tokens"])
+
+
+def normalized_divergence(sample: dict[str, Any], mode: str = "minmax") -> list[float] | None:
+    """GEAR's per-trajectory normalised divergence ``n_t`` of one sample (DESIGN.md step 3:
+    min-max over policy tokens by default, 0 on observation tokens), computed by the credit
+    package's own :func:`gear_rl.credit.segments.normalize_reference`. None when the sample has
+    no divergence."""
+    divergence = sample.get("divergence")
+    if divergence is None:
+        return None
+    values = [float(v) if v is not None else 0.0 for v in divergence]
+    return normalize_reference(values, _mask(sample), mode)
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """One row of the top-divergence-tokens table.
+
+    Attributes:
+        token: the decoded token text.
+        above: policy-token occurrences with normalised divergence above the threshold.
+        total: all policy-token occurrences of the token in the samples.
+        mean_normalized: mean normalised divergence over the ``above`` occurrences.
+    """
+
+    token: str
+    above: int
+    total: int
+    mean_normalized: float
+
+
+def top_divergence_tokens(samples: list[dict[str, Any]], threshold: float = 0.1,
+                          mode: str = "minmax", limit: int = 30) -> list[TokenCount]:
+    """The tokens most often above a normalised divergence of ``threshold`` across ``samples``
+    (the paper's Figure 2 analysis), most frequent first (ties: higher share above first).
+    Only policy tokens count; samples without divergence are skipped."""
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be finite, got {threshold!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit!r}")
+    above: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    sums: defaultdict[str, float] = defaultdict(float)
+    for sample in samples:
+        normalized = normalized_divergence(sample, mode)
+        if normalized is None:
+            continue
+        for token, value, on in zip(sample["tokens"], normalized, _mask(sample), strict=True):
+            if not on:
+                continue
+            total[token] += 1
+            if value > threshold:
+                above[token] += 1
+                sums[token] += value
+    rows = [TokenCount(token, count, total[token], sums[token] / count)
+            for token, count in above.items()]
+    rows.sort(key=lambda r: (-r.above, -r.above / r.total, r.token))
+    return rows[:limit]
+
+
+def weight_stats_by_step(samples: list[dict[str, Any]]) -> dict[str, dict[int, tuple[float,
+                                                                                      float]]]:
+    """Per sign (``pos``: advantage > 0, ``neg``: < 0) and step, ``(mean, std)`` of the token
+    weights ``W_t`` over the policy tokens of that step's logged samples. The trainer logs only
+    the mean weight per sign in ``metrics.jsonl``; the spread comes from here."""
+    pooled: dict[str, defaultdict[int, list[float]]] = {"pos": defaultdict(list),
+                                                        "neg": defaultdict(list)}
+    for sample in samples:
+        weights, advantage, step = sample.get("weight"), sample.get("advantage"), sample.get(
+            "step")
+        if weights is None or not isinstance(advantage, (int, float)) or advantage == 0 or (
+                not isinstance(step, int)):
+            continue
+        sign = "pos" if advantage > 0 else "neg"
+        pooled[sign][step] += [float(w) for w, m in zip(weights, _mask(sample), strict=True)
+                               if m and w is not None]
+    return {sign: {step: (statistics.fmean(v), statistics.pstdev(v))
+                   for step, v in sorted(by_step.items()) if v}
+            for sign, by_step in pooled.items()}

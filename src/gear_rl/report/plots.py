@@ -1,0 +1,147 @@
+"""Training curves of one run as PNG files (matplotlib, no display needed).
+
+Each curve is its own figure so that a reader can drop one into a paper or an issue. The PNGs
+carry their title and axis labels as text chunks (``Title``, ``Axes``) so that a test, or a
+script sorting hundreds of plots, can tell what a file shows without looking at it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from gear_rl.report.data import RunData, atomic_write_bytes, eval_keys, weight_stats_by_step
+
+__all__ = ["Plot", "figure_png", "save_plot", "training_curves"]
+
+
+@dataclass
+class Plot:
+    """One finished figure.
+
+    Attributes:
+        name: file stem (``reward`` -> ``reward.png``).
+        title: what it shows, one line.
+        figure: the matplotlib figure (labelled axes).
+    """
+
+    name: str
+    title: str
+    figure: Figure
+
+    @property
+    def labels(self) -> list[dict[str, str]]:
+        """Each axes' ``xlabel``/``ylabel``/``title``, in drawing order."""
+        return [{"xlabel": axes.get_xlabel(), "ylabel": axes.get_ylabel(),
+                 "title": axes.get_title()} for axes in self.figure.axes]
+
+
+def figure_png(plot: Plot, dpi: int = 110) -> bytes:
+    """The plot as PNG bytes, with ``Title`` and ``Axes`` (JSON of the labels) text chunks."""
+    buffer = io.BytesIO()
+    plot.figure.savefig(buffer, format="png", dpi=dpi, metadata={
+        "Title": plot.title, "Axes": json.dumps(plot.labels), "Software": "gear-rl report"})
+    return buffer.getvalue()
+
+
+def save_plot(plot: Plot, folder: str | Path) -> Path:
+    """Write ``folder/<plot.name>.png`` atomically; returns its path."""
+    path = Path(folder) / f"{plot.name}.png"
+    atomic_write_bytes(path, figure_png(plot))
+    return path
+
+
+def _figure(title: str, ylabel: str, xlabel: str = "training step") -> tuple[Figure, object]:
+    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
+    axes = figure.add_subplot()
+    axes.set_title(title)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.grid(alpha=0.3)
+    return figure, axes
+
+
+def _line(axes, run: RunData, key: str, label: str, **style) -> bool:
+    steps, values = run.series(key)
+    if not steps:
+        return False
+    axes.plot(steps, values, label=label, marker="o" if len(steps) < 30 else None,
+              markersize=3, **style)
+    return True
+
+
+def training_curves(run: RunData) -> tuple[list[Plot], list[str]]:
+    """The run's curves over steps and a note for each one that could not be drawn.
+
+    Curves: reward, held-out accuracy (every ``eval/mean@K`` and ``eval/pass@K``), policy
+    entropy, fraction of policy tokens in segments, token weight mean per advantage sign with
+    its spread over the logged samples' tokens, and step time (wall and CPU).
+    """
+    plots: list[Plot] = []
+    skipped: list[str] = []
+
+    figure, axes = _figure("Training reward", "mean reward")
+    if _line(axes, run, "reward_mean", "reward_mean"):
+        plots.append(Plot("reward", "Training reward over steps", figure))
+    else:
+        skipped.append("reward: no 'reward_mean' in metrics.jsonl")
+
+    figure, axes = _figure("Held-out accuracy", "held-out accuracy")
+    drawn = [key for key in eval_keys(run.metrics) + eval_keys(run.metrics, "eval/pass@")
+             if _line(axes, run, key, key.removeprefix("eval/"))]
+    if drawn:
+        axes.legend(fontsize="small")
+        plots.append(Plot("heldout", "Held-out Mean@k / pass@k over steps", figure))
+    else:
+        skipped.append("held-out accuracy: no 'eval/mean@K' in metrics.jsonl")
+
+    figure, axes = _figure("Policy entropy", "entropy (nats per policy token)")
+    if _line(axes, run, "entropy_mean", "entropy_mean"):
+        plots.append(Plot("entropy", "Mean policy entropy over steps", figure))
+    else:
+        skipped.append("entropy: no 'entropy_mean' in metrics.jsonl")
+
+    figure, axes = _figure("Tokens in segments", "fraction of policy tokens")
+    if _line(axes, run, "segment_frac", "segment_frac"):
+        axes.set_ylim(-0.02, 1.02)
+        plots.append(Plot("segments", "Fraction of policy tokens inside GEAR segments",
+                          figure))
+    else:
+        skipped.append("segment fraction: no 'segment_frac' in metrics.jsonl (the estimator "
+                       "does not segment)")
+
+    figure, axes = _figure("Token weights", "token weight W")
+    drawn_weights = False
+    spread = weight_stats_by_step(run.samples)
+    for sign, key, colour, label, shift in (
+            ("pos", "weight_mean_pos", "tab:green", "A > 0", -0.08),
+            ("neg", "weight_mean_neg", "tab:red", "A < 0", 0.08)):
+        drawn_weights |= _line(axes, run, key, f"mean W, {label} (all tokens)", color=colour)
+        if spread[sign]:
+            steps = [s + shift for s in spread[sign]]  # side by side, not on top
+            means = [mean for mean, _ in spread[sign].values()]
+            stds = [std for _, std in spread[sign].values()]
+            axes.errorbar(steps, means, yerr=stds, fmt="none", ecolor=colour, alpha=0.5,
+                          capsize=3, label=f"mean ± std, {label} (logged samples)")
+            drawn_weights = True
+    if drawn_weights:
+        axes.legend(fontsize="x-small")
+        plots.append(Plot("weights", "Token weight mean and spread per advantage sign",
+                          figure))
+    else:
+        skipped.append("weights: no 'weight_mean_pos'/'weight_mean_neg' in metrics.jsonl and "
+                       "no logged sample with weights and a non-zero advantage")
+
+    figure, axes = _figure("Step time", "seconds per step")
+    drawn_time = [_line(axes, run, key, label) for key, label in
+                  (("time/step", "wall"), ("time/step_cpu", "CPU (this process)"))]
+    if any(drawn_time):
+        axes.legend(fontsize="small")
+        plots.append(Plot("step_time", "Wall and CPU seconds per training step", figure))
+    else:
+        skipped.append("step time: no 'time/step' in metrics.jsonl")
+    return plots, skipped
