@@ -1,5 +1,6 @@
 """`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch),
-``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k)."""
+``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k), ``report``
+(curves and the token-credit viewer of a run), ``compare`` (methods over seeds)."""
 
 from __future__ import annotations
 
@@ -131,7 +132,109 @@ def _eval(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"demo": _demo, "train": _train, "eval": _eval}
+def _report(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gear-rl report",
+        description="Write a self-contained HTML report (curves, token-credit viewer, tokens "
+                    "most often above a normalised divergence) and PNG curves of a run.")
+    parser.add_argument("run_dir", help="a gear-rl train run directory")
+    parser.add_argument("--out", default=None, help="output folder (default RUN_DIR/report)")
+    parser.add_argument("--max-steps", type=int, default=60,
+                        help="most logged steps the viewer embeds, evenly spaced (default 60)")
+    parser.add_argument("--threshold", type=float, default=0.1,
+                        help="normalised-divergence threshold of the top-tokens table")
+    args = parser.parse_args(argv)
+    from gear_rl.report import build_report
+
+    try:
+        report = build_report(args.run_dir, args.out, max_steps=args.max_steps,
+                              threshold=args.threshold)
+    except ValueError as error:
+        print(f"gear-rl report: {error}", file=sys.stderr)
+        return 2
+    for note in report.skipped:
+        print(f"[gear-rl] skipped {note}", file=sys.stderr)
+    for path in report.plots:
+        print(f"[gear-rl] plot {path}", file=sys.stderr)
+    print(report.html)
+    return 0
+
+
+_COMPARE_EPILOG = """examples:
+  gear-rl compare runs/grpo-s0 runs/grpo-s1 runs/gear-s0 runs/gear-s1 --out cmp/
+  gear-rl compare --estimators grpo,gear --seeds 0,1,2 --out cmp/ steps=20 eval.every=5
+
+Runs are grouped by estimator (and credit.* overrides) and seed from their config.yaml. Each
+run's final held-out Mean@k is one observation; the table gives the mean over seeds, a Student-t
+interval, and Welch's test against the baseline (grpo when present), saying "within noise" when
+it is not significant.
+"""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from error
+
+
+def _compare(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gear-rl compare", epilog=_COMPARE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compare credit estimators over seeds: read run directories, or train each "
+                    "(estimator, seed) with the same config and budget; writes compare.md, "
+                    "compare.json and curves.png.")
+    parser.add_argument("items", nargs="*", metavar="RUN_DIR | key=value",
+                        help="run directories to compare, or (with --estimators) train "
+                             "overrides shared by every run")
+    parser.add_argument("--estimators", default=None,
+                        help="comma-separated estimators to train, e.g. grpo,gear")
+    parser.add_argument("--seeds", type=_int_list, default=None,
+                        help="comma-separated seeds (with --estimators; default 0,1)")
+    parser.add_argument("--config", default=None, help="train config YAML shared by all runs")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default ./compare; required with --estimators: "
+                             "the runs go under it)")
+    parser.add_argument("--baseline", default=None, help="method to compare against "
+                        "(default grpo when present, else the first)")
+    parser.add_argument("--confidence", type=float, default=0.95, help="interval level")
+    parser.add_argument("--alpha", type=float, default=0.05, help="Welch-test level")
+    args = parser.parse_args(argv)
+    from gear_rl.report.compare import compare_runs, format_comparison, run_comparison
+
+    try:
+        if args.estimators is not None:
+            overrides = list(args.items)
+            if any("=" not in item for item in overrides):
+                raise ValueError("with --estimators, positional arguments are train key=value "
+                                 "overrides; pass run directories without --estimators")
+            if args.out is None:
+                raise ValueError("--out is required with --estimators (the runs go under it)")
+            estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
+            comparison = run_comparison(
+                estimators, args.seeds if args.seeds is not None else [0, 1], args.out,
+                config_path=args.config, overrides=overrides, baseline=args.baseline,
+                confidence=args.confidence, alpha=args.alpha)
+        else:
+            if args.seeds is not None or args.config is not None:
+                raise ValueError("--seeds and --config need --estimators (they say what to "
+                                 "train)")
+            if not args.items or any("=" in item for item in args.items):
+                raise ValueError("give run directories to compare, or --estimators to train")
+            comparison = compare_runs(args.items, args.out or "compare", baseline=args.baseline,
+                                      confidence=args.confidence, alpha=args.alpha)
+    except ValueError as error:
+        print(f"gear-rl compare: {error}", file=sys.stderr)
+        return 2
+    print(format_comparison(comparison))
+    print(f"\n[gear-rl] wrote {comparison.markdown} and {comparison.curves}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"demo": _demo, "train": _train, "eval": _eval, "report": _report,
+            "compare": _compare}
 
 
 def main(argv: list[str] | None = None) -> int:
