@@ -1,0 +1,196 @@
+"""``gear-rl compare``: the seed-level statistics against published t-table values, the table's
+verdicts on hand-written run directories with known finals, and one real end-to-end comparison
+that trains a tiny model with two estimators over two seeds."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+from gear_rl.cli import main
+from gear_rl.report.compare import (
+    compare_runs,
+    student_t_cdf,
+    student_t_quantile,
+    t_interval,
+    welch_test,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def write_run(path: Path, estimator: str, seed: int, final: float, *, k: int = 4,
+              steps: int = 3, credit: dict | None = None, task: str = "products") -> Path:
+    """A finished run directory in the trainer's format with a known final Mean@k."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump({
+        "model": "tiny-random", "task": task, "estimator": estimator, "credit": credit or {},
+        "steps": steps, "seed": seed, "eval": {"k": k}}))
+    records = [{"step": 0, f"eval/mean@{k}": 0.3, f"eval/pass@{k}": 0.6}]
+    records += [{"step": s, "reward_mean": final * s / steps, "time/step": 1.0}
+                for s in range(1, steps + 1)]
+    records[-1].update({f"eval/mean@{k}": final, f"eval/pass@{k}": min(1.0, final + 0.2)})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "samples.jsonl").write_text("")
+    return path
+
+
+# ------------------------------------------------------------------------------ statistics
+@pytest.mark.parametrize(("df", "critical"), [
+    (1, 12.706205), (2, 4.302653), (4, 2.776445), (9, 2.262157), (30, 2.042272),
+    (1e6, 1.959966)])
+def test_t_quantiles_match_the_t_table(df: float, critical: float) -> None:
+    assert student_t_quantile(0.975, df) == pytest.approx(critical, rel=1e-5)
+    assert student_t_cdf(critical, df) == pytest.approx(0.975, abs=1e-6)
+    assert student_t_cdf(-critical, df) == pytest.approx(0.025, abs=1e-6)
+
+
+def test_t_cdf_basics() -> None:
+    assert student_t_cdf(0.0, 3) == 0.5
+    # df = 1 is the Cauchy distribution: F(t) = 1/2 + atan(t)/pi.
+    for t in (-3.0, -0.5, 0.7, 4.0):
+        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-10)
+    # df = 2 has a closed form too: F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
+    for t in (-2.0, 0.3, 5.0):
+        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)),
+                                                    abs=1e-10)
+    with pytest.raises(ValueError, match="df"):
+        student_t_cdf(1.0, 0)
+    with pytest.raises(ValueError, match="p must"):
+        student_t_quantile(1.0, 3)
+
+
+def test_t_interval() -> None:
+    mean, low, high = t_interval([0.5, 0.6, 0.7])
+    half = 4.302653 * 0.1 / math.sqrt(3)
+    assert mean == pytest.approx(0.6)
+    assert (low, high) == pytest.approx((0.6 - half, 0.6 + half), rel=1e-5)
+    assert t_interval([0.4]) == (0.4, None, None)
+    with pytest.raises(ValueError, match="empty"):
+        t_interval([])
+
+
+def test_welch_test() -> None:
+    # Equal sizes and variances: Welch's df is 2n - 2, here 4; |t| = 3.674 lies between the
+    # two-sided 5% (2.776) and 2% (3.747) critical values of t(4).
+    result = welch_test([0.0, 1.0, 2.0], [3.0, 4.0, 5.0])
+    assert result.difference == -3.0
+    assert result.df == pytest.approx(4.0)
+    assert result.t == pytest.approx(-3.0 / math.sqrt(2 / 3))
+    assert 0.02 < result.p < 0.05
+    assert result.p == pytest.approx(2 * (1 - student_t_cdf(abs(result.t), 4)))
+    assert welch_test([1.0], [1.0, 2.0]) is None
+    flat = welch_test([0.5, 0.5], [0.5, 0.5])
+    assert flat.t is None and flat.p == 1.0
+    assert welch_test([0.5, 0.5], [0.7, 0.7]).p == 0.0
+
+
+# ------------------------------------------------------------------------------ table
+def test_compare_table_says_what_is_noise(tmp_path: Path) -> None:
+    runs = []
+    for seed, (g, a, b) in enumerate([(0.50, 0.70, 0.49), (0.52, 0.72, 0.53),
+                                      (0.48, 0.68, 0.51)]):
+        runs.append(write_run(tmp_path / f"grpo-s{seed}", "grpo", seed, g))
+        runs.append(write_run(tmp_path / f"gear-s{seed}", "gear", seed, a))
+        runs.append(write_run(tmp_path / f"gear2-s{seed}", "gear", seed, b,
+                              credit={"lambda_kl": 0.2}))
+    out = tmp_path / "cmp"
+    comparison = compare_runs(runs[::-1], out)  # order of the arguments must not matter
+    assert comparison.metric == "eval/mean@4"
+    assert [m.label for m in comparison.methods] == ["grpo", "gear[lambda_kl=0.2]", "gear"]
+    grpo, tuned, gear = comparison.methods
+    assert grpo.mean == pytest.approx(0.5) and [r.seed for r in grpo.runs] == [0, 1, 2]
+    half = 4.302653 * 0.02 / math.sqrt(3)
+    assert (grpo.low, grpo.high) == pytest.approx((0.5 - half, 0.5 + half), rel=1e-5)
+    assert "better than grpo" in gear.verdict and gear.versus.p < 0.001
+    assert "within noise" in tuned.verdict and tuned.versus.p > 0.5
+    text = comparison.markdown.read_text()
+    assert "| gear | 0,1,2 | 0.700 |" in text
+    assert "Welch's two-sided t-test" in text and "p < 0.05" in text
+    assert "within noise of grpo: gear[lambda_kl=0.2]" in text
+    assert "not logged" in text  # says the interval is seed-level only
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["methods"][2]["finals"] == pytest.approx([0.70, 0.72, 0.68])
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(out / "curves.png") as image:
+        axes = json.loads(image.text["Axes"])
+    assert [(a["xlabel"], a["ylabel"]) for a in axes] == [
+        ("training step", "held-out mean@4"), ("training step", "mean reward")]
+
+
+def test_one_seed_has_no_interval_and_no_verdict(tmp_path: Path) -> None:
+    runs = [write_run(tmp_path / "a", "grpo", 0, 0.5), write_run(tmp_path / "b", "gear", 0, 0.9)]
+    comparison = compare_runs(runs, tmp_path / "out")
+    assert comparison.methods[1].low is None
+    assert "not established" in comparison.methods[1].verdict
+    text = comparison.markdown.read_text()
+    assert "no CI (1 seed)" in text and "no method differs from grpo beyond noise" in text
+
+
+def test_unlike_runs_are_flagged(tmp_path: Path) -> None:
+    runs = [write_run(tmp_path / "a", "grpo", 0, 0.5),
+            write_run(tmp_path / "b", "gear", 0, 0.5, steps=5, task="other")]
+    comparison = compare_runs(runs, None)
+    assert comparison.markdown is None
+    notes = " ".join(comparison.notes)
+    assert "differ in task" in notes and "differ in training steps" in notes
+
+
+def test_bad_comparisons_are_refused(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", "grpo", 0, 0.5)
+    with pytest.raises(ValueError, match="both grpo with seed 0"):
+        compare_runs([a, write_run(tmp_path / "a2", "grpo", 0, 0.6)])
+    with pytest.raises(ValueError, match=r"same eval\.k"):
+        compare_runs([a, write_run(tmp_path / "k2", "gear", 0, 0.6, k=2)])
+    no_eval = write_run(tmp_path / "ne", "gear", 1, 0.6)
+    (no_eval / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.1}\n')
+    with pytest.raises(ValueError, match="no held-out eval"):
+        compare_runs([a, no_eval])
+    with pytest.raises(ValueError, match="baseline 'rlsd'"):
+        compare_runs([a], baseline="rlsd")
+    with pytest.raises(ValueError, match="at least one"):
+        compare_runs([])
+
+
+def test_compare_cli_reads_run_directories(tmp_path: Path, capsys) -> None:
+    runs = [str(write_run(tmp_path / f"s{s}", "grpo", s, 0.5 + s / 100)) for s in range(2)]
+    assert main(["compare", *runs, "--out", str(tmp_path / "o")]) == 0
+    assert "| grpo | 0,1 | 0.505 |" in capsys.readouterr().out
+    assert main(["compare", "steps=3"]) == 2
+    assert "give run directories" in capsys.readouterr().err
+    assert main(["compare", "--estimators", "grpo", "model=tiny-random"]) == 2
+    assert "--out is required" in capsys.readouterr().err
+    assert main(["compare", "--estimators", "grpo", "--out", str(tmp_path / "x"),
+                 "seed=3"]) == 2
+    assert "set per run by compare" in capsys.readouterr().err
+
+
+def test_compare_trains_estimators_over_seeds(tmp_path: Path, capsys) -> None:
+    """The real thing: a tiny random model, two estimators x two seeds, one step each."""
+    out = tmp_path / "cmp"
+    argv = ["compare", "--estimators", "grpo,gear", "--seeds", "0,1", "--out", str(out),
+            "model=tiny-random", "steps=1", "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "eval.size=4",
+            "eval.k=2", "eval.max_new_tokens=4", "log.tensorboard=false",
+            "log.progress=false", "log.checkpoint_every=0", "threads=1"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| grpo | 0,1 |" in table and "| gear | 0,1 |" in table
+    for name in ("grpo-s0", "grpo-s1", "gear-s0", "gear-s1"):
+        config = yaml.safe_load((out / name / "config.yaml").read_text())
+        assert (config["estimator"], config["seed"]) == (name[:4], int(name[-1]))
+        assert (out / name / "summary.json").is_file()
+    saved = json.loads((out / "compare.json").read_text())
+    assert saved["baseline"] == "grpo" and saved["metric"] == "eval/mean@2"
+    # Finished runs are reused, not retrained ...
+    stamp = (out / "gear-s1" / "metrics.jsonl").stat().st_mtime_ns
+    assert main(argv) == 0
+    assert (out / "gear-s1" / "metrics.jsonl").stat().st_mtime_ns == stamp
+    # ... unless the config changed, which is refused rather than silently mixed.
+    assert main([*argv[:-1], "threads=1", "steps=2"]) == 2
+    assert "another config" in capsys.readouterr().err
