@@ -7,6 +7,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 source scripts/setup_venv.sh
 source scripts/setup_integrations.sh
+bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check src tests benchmarks
 python -m pytest "$@"

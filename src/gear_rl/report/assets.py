@@ -64,10 +64,10 @@ const SIGNALS = DATA.signals;
 const $ = (id) => document.getElementById(id);
 const PALETTE = ["#8fb3ff", "#ffc46b", "#9be3a8", "#f4a3c8", "#b9a6ff", "#7fdde0", "#ffd8a0"];
 
-function fmt(v) {
+function fmt(v, integer = false) {
   if (v === null || v === undefined) return "—";
   if (typeof v !== "number") return String(v);
-  if (Number.isInteger(v)) return String(v);
+  if (integer) return String(v);
   return Math.abs(v) >= 1000 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3)
                                                                   : v.toFixed(4);
 }
@@ -163,7 +163,8 @@ function renderTraj(box, traj, signal, scale, side) {
   title.textContent = `${label} trajectory (row ${traj.row})`;
   const info = document.createElement("div");
   info.className = "info";
-  info.textContent = `reward ${fmt(traj.reward)} · advantage ${fmt(traj.advantage)} · ` +
+  info.textContent = `reward ${fmt(traj.reward, Number.isInteger(traj.reward))} · ` +
+    `advantage ${fmt(traj.advantage)} · ` +
     `extracted ${JSON.stringify(traj.extracted)} · ${traj.finished ? "finished" : "truncated"}` +
     ` · ${traj.tokens.length} tokens`;
   const tokens = document.createElement("div");
@@ -231,7 +232,7 @@ function showTooltip(event) {
   if (traj.token_ids) rows.push(["token id", traj.token_ids[i]]);
   for (const s of SIGNALS) {
     const vals = traj.signals[s.key];
-    rows.push([s.label, vals ? fmt(vals[i]) : "—"]);
+    rows.push([s.label, vals ? fmt(vals[i], s.kind === "segment") : "—"]);
   }
   for (const [key, label] of [["student_logprobs", "student log p"],
                               ["teacher_logprobs", "teacher log p"]]) {
