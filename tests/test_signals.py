@@ -144,18 +144,23 @@ def test_chunk_size_does_not_change_results(chunk_size):
         torch.testing.assert_close(getattr(sig, field), getattr(base, field), atol=1e-5, rtol=0)
 
 
-def test_observation_tokens_stay_in_context():
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_observation_tokens_stay_in_context(share_prompts):
     """An observation token is zero in the output but still conditions the tokens after it."""
     model = _model("llama")
-    prompts, teachers, responses, mask = _batch(301, seed=7)
-    b, span = OBSERVATION
+    batch, (b, span), lengths = ((_batch, OBSERVATION, RESPONSE_LENGTHS) if not share_prompts
+                                 else (_shared_batch, SHARED_OBSERVATION,
+                                       SHARED_RESPONSE_LENGTHS))
+    prompts, teachers, responses, mask = batch(301, seed=7)
     changed = [list(r) for r in responses]
     changed[b][span.start] = (changed[b][span.start] + 1) % 301
-    one = token_signals(model, prompts, teachers, responses, response_mask=mask)
-    two = token_signals(model, prompts, teachers, changed, response_mask=mask)
+    one = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                        share_prompts=share_prompts)
+    two = token_signals(model, prompts, teachers, changed, response_mask=mask,
+                        share_prompts=share_prompts)
     assert torch.all(one.student_logprobs[b, span] == 0)
     assert torch.all(one.divergence[b, span] == 0)
-    after = slice(span.stop, RESPONSE_LENGTHS[b])
+    after = slice(span.stop, lengths[b])
     assert not torch.allclose(one.student_logprobs[b, after], two.student_logprobs[b, after])
     others = [i for i in range(len(responses)) if i != b]
     torch.testing.assert_close(one.student_logprobs[others], two.student_logprobs[others],
@@ -185,12 +190,16 @@ def test_topk_with_whole_vocabulary_equals_full():
     torch.testing.assert_close(topk.divergence, full.divergence, atol=1e-5, rtol=0)
 
 
-def test_student_gradients_match_naive():
+@pytest.mark.parametrize("share_prompts", [None, True])
+def test_student_gradients_match_naive(share_prompts):
+    """The default full pass, and the shared-prompt pass (the cached prompt states are part of
+    the graph), both give the naive forwards' gradients."""
     torch.manual_seed(0)
     model = _model("qwen2", num_layers=1)
-    prompts, teachers, responses, mask = _batch(301, seed=13)
+    batch = _batch if share_prompts is None else _shared_batch
+    prompts, teachers, responses, mask = batch(301, seed=13)
     sig = token_signals(model, prompts, teachers, responses, response_mask=mask, chunk_size=4,
-                        student_requires_grad=True)
+                        student_requires_grad=True, share_prompts=share_prompts)
     assert sig.student_logprobs.requires_grad and sig.divergence.requires_grad
     assert not sig.teacher_logprobs.requires_grad
     weights = torch.rand(sig.mask.shape)  # a generic loss, so every field's gradient counts
@@ -290,6 +299,7 @@ def _bad_calls():
         (dict(estimator="topk", topk=302), "topk must be an int"),
         (dict(estimator="full", topk=5), "topk is only used with estimator='topk'"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
+        (dict(share_prompts="yes"), "share_prompts must be True, False or None"),
     ], dict(prompt_ids=p, teacher_prompt_ids=t, response_ids=r)
 
 
@@ -302,3 +312,151 @@ def test_bad_input_raises_value_error_naming_the_argument(index):
     with pytest.raises(ValueError, match=message):
         token_signals(model, kwargs.pop("prompt_ids"), kwargs.pop("teacher_prompt_ids"),
                       kwargs.pop("response_ids"), **kwargs)
+
+
+# --- shared prompts -----------------------------------------------------------------------------
+
+# A GRPO-like batch: groups of rows with one prompt (and one teacher prompt) each, interleaved so
+# that a group's rows are not adjacent. Prompts A and B have the same length (one cached batch of
+# two), C is longer, D is a single token; responses are ragged, one is a single token, one has an
+# observation span.
+SHARED_GROUPS = ("A", "C", "A", "B", "D", "A", "C", "B")
+SHARED_PROMPT_LENGTHS = {"A": 6, "B": 6, "C": 10, "D": 1}
+SHARED_TEACHER_LENGTHS = {"A": 13, "B": 4, "C": 13, "D": 7}
+SHARED_RESPONSE_LENGTHS = (7, 12, 1, 9, 3, 5, 2, 8)
+SHARED_OBSERVATION = (1, slice(4, 8))
+# k3 = r - 1 - log r: its error is about r times the log ratio's error, so its relative error is
+# the log ratio's absolute error, a few 1e-6 per float32 log-prob of ~10 nats in these peaked
+# models; the two passes each add their own rounding (measured up to 1.7e-5 between them).
+K3_RTOL = 3e-5
+
+
+def _shared_batch(vocab: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=generator).tolist()
+
+    prompt = {g: ids(n) for g, n in SHARED_PROMPT_LENGTHS.items()}
+    teacher = {g: prompt[g][:3] + ids(n - 3) if n > 3 else ids(n)
+               for g, n in SHARED_TEACHER_LENGTHS.items()}
+    responses = [ids(n) for n in SHARED_RESPONSE_LENGTHS]
+    mask = [[1] * n for n in SHARED_RESPONSE_LENGTHS]
+    b, span = SHARED_OBSERVATION
+    for t in range(span.start, span.stop):
+        mask[b][t] = 0
+    return ([prompt[g] for g in SHARED_GROUPS], [teacher[g] for g in SHARED_GROUPS], responses,
+            mask)
+
+
+def _count_backbone_tokens(model) -> list[int]:
+    """Record the number of input tokens of every backbone forward (a list that grows)."""
+    counts: list[int] = []
+    model.base_model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: counts.append(kwargs["input_ids"].numel()),
+        with_kwargs=True)
+    return counts
+
+
+def _full_forwards(prompts: list[list[int]], responses: list[list[int]]) -> list[int]:
+    """Backbone input tokens of one unshared side: one forward on every prompt + response,
+    right-padded."""
+    return [len(prompts) * max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))]
+
+
+def _shared_forwards(prompts: list[list[int]], responses: list[list[int]]) -> list[int]:
+    """Backbone input tokens of each forward of one shared side: per prompt length (in order of
+    first appearance), its distinct prompts once, then its rows' responses but the last token,
+    padded to the longest (no response forward when every response is one token)."""
+    buckets: dict[int, set[tuple[int, ...]]] = {}
+    for p in prompts:
+        buckets.setdefault(len(p), set()).add(tuple(p))
+    out = []
+    for length, bucket in buckets.items():
+        rows = [r for p, r in zip(prompts, responses, strict=True) if len(p) == length]
+        out.append(length * len(bucket))
+        if max(len(r) for r in rows) > 1:
+            out.append(len(rows) * (max(len(r) for r in rows) - 1))
+    return out
+
+
+def _assert_close_k3(got: torch.Tensor, want: torch.Tensor, estimator: str, field: str) -> None:
+    rtol = K3_RTOL if estimator == "k3" and field == "divergence" else RTOL
+    torch.testing.assert_close(got.double(), want.double(), atol=ATOL, rtol=rtol,
+                               msg=lambda m: f"{estimator} {field}: {m}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_shared_prompts_match_naive_and_unshared(arch):
+    model = _model(arch)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=23)
+    ref = naive_signals(model, prompts, teachers, responses, mask, temperature=0.7, topk=17)
+    counts = _count_backbone_tokens(model)
+    for estimator in ESTIMATORS:
+        kwargs = dict(temperature=0.7, estimator=estimator,
+                      topk=17 if estimator == "topk" else None, response_mask=mask, chunk_size=5)
+        counts.clear()
+        shared = token_signals(model, prompts, teachers, responses, **kwargs)  # default: shared
+        assert counts == (_shared_forwards(teachers, responses)
+                          + _shared_forwards(prompts, responses))
+        forced = token_signals(model, prompts, teachers, responses, share_prompts=True, **kwargs)
+        counts.clear()
+        unshared = token_signals(model, prompts, teachers, responses, share_prompts=False,
+                                 **kwargs)
+        assert counts == _full_forwards(teachers, responses) + _full_forwards(prompts, responses)
+        assert torch.equal(shared.mask, unshared.mask)
+        for field, name in [("student_logprobs", "student"), ("teacher_logprobs", "teacher"),
+                            ("entropy", "entropy"), ("divergence", estimator)]:
+            assert torch.equal(getattr(shared, field), getattr(forced, field)), field
+            _assert_close_k3(getattr(shared, field), ref[name], estimator, field)
+            _assert_close_k3(getattr(shared, field), getattr(unshared, field), estimator, field)
+        b, span = SHARED_OBSERVATION
+        assert torch.all(shared.student_logprobs[b, span] == 0)
+        assert torch.all(shared.divergence[b, span] == 0)
+        assert shared.divergence.abs().max() > 0.05
+
+
+def test_shared_prompts_each_side_decides_alone():
+    """With student gradients the student side runs the full pass and the teacher still shares;
+    distinct prompts are never shared unless asked."""
+    model = _model("qwen3", num_layers=1)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=29)
+    counts = _count_backbone_tokens(model)
+    token_signals(model, prompts, teachers, responses, response_mask=mask,
+                  student_requires_grad=True)
+    full_student = _full_forwards(prompts, responses)
+    assert counts == _shared_forwards(teachers, responses) + full_student
+    counts.clear()
+    token_signals(model, prompts, teachers, responses, response_mask=mask,
+                  student_requires_grad=True, share_prompts=True)
+    assert counts == (_shared_forwards(teachers, responses)
+                      + _shared_forwards(prompts, responses))
+    distinct = [[*p, g] for g, p in enumerate(prompts)]  # every prompt differs
+    counts.clear()
+    response_logprobs(model, distinct, responses, response_mask=mask)
+    assert counts == _full_forwards(distinct, responses)
+    counts.clear()
+    response_logprobs(model, prompts, responses, response_mask=mask)
+    assert counts == _shared_forwards(prompts, responses)
+    counts.clear()
+    response_logprobs(model, prompts, responses, response_mask=mask, requires_grad=True)
+    assert counts == full_student
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_response_logprobs_shared_matches_naive(arch):
+    model = _model(arch)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=31)
+    ref = naive_signals(model, prompts, teachers, responses, mask, temperature=1.3)
+    for prompt_ids, name in [(prompts, "student"), (teachers, "teacher")]:
+        shared = response_logprobs(model, prompt_ids, responses, temperature=1.3,
+                                   response_mask=mask, chunk_size=6)
+        unshared = response_logprobs(model, prompt_ids, responses, temperature=1.3,
+                                     response_mask=mask, share_prompts=False)
+        torch.testing.assert_close(shared.logprobs.double(), ref[name], atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(shared.logprobs, unshared.logprobs, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(shared.entropy, unshared.entropy, atol=ATOL, rtol=RTOL)
+        assert torch.equal(shared.mask, unshared.mask)
+        if name == "student":
+            torch.testing.assert_close(shared.entropy.double(), ref["entropy"], atol=ATOL,
+                                       rtol=RTOL)

@@ -21,6 +21,14 @@ attention kernels). The LM head, log-softmax, entropy and KL then run chunk by c
 trained response positions only, in fp32, so the extra memory is ``O(chunk_size x V)`` and never
 ``O(B x T x V)``. With ``student_requires_grad=True`` each chunk is checkpointed: backward
 recomputes its logits instead of keeping them, which holds the same bound during training.
+
+Shared prompts: GRPO samples K responses per prompt, so a batch repeats each (student and teacher)
+prompt K times. A gradient-free side with repeated prompts runs each distinct prompt once with a KV
+cache, then all responses against that cache's rows repeated per response (``share_prompts``).
+Distinct prompts of one length run together, so neither pass needs padding inside the prompt; the
+response pass is right-padded at positions ``P..P+R-2`` and, as above, needs no attention mask.
+Response token 0 is predicted by the prompt pass's last hidden state, token ``t > 0`` by response
+position ``t - 1``. The result equals the full pass up to float rounding (tested within 1e-5).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Literal
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 Estimator = Literal["full", "topk", "k1", "k3"]
 ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
@@ -84,6 +92,7 @@ def token_signals(
     response_mask: Sequence[Sequence[int]] | torch.Tensor | None = None,
     chunk_size: int | None = None,
     student_requires_grad: bool = False,
+    share_prompts: bool | None = None,
 ) -> TokenSignals:
     """Score ``B`` responses under the student prompts and the teacher prompts.
 
@@ -105,6 +114,10 @@ def token_signals(
             :func:`default_chunk_size` for the vocabulary.
         student_requires_grad: keep the autograd graph through the student (for a distillation
             loss); the teacher pass is always gradient-free.
+        share_prompts: run each distinct prompt once and its responses against a shared KV cache
+            (module docstring); the outputs are the same up to float rounding. ``None``: per side
+            (student, teacher), where that side needs no gradient and some prompt repeats.
+            ``True`` / ``False``: on / off for both sides (``True`` keeps gradients exact too).
 
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
@@ -128,11 +141,13 @@ def token_signals(
     elif topk is not None:
         raise ValueError(f"topk is only used with estimator='topk', got topk={topk!r}")
     chunk_size = _check_chunk_size(chunk_size, vocab_size)
+    share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
+    share_student = _share_prompts(share_prompts, students, requires_grad=student_requires_grad)
 
     with torch.no_grad():
-        teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows)
+        teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows, share_teacher)
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
-        student_hidden = _predicting_hidden(backbone, students, responses, rows)
+        student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student)
         student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
             _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
             (temperature, estimator, topk), chunk_size, student_requires_grad,
@@ -170,6 +185,7 @@ def response_logprobs(
     response_mask: Sequence[Sequence[int]] | torch.Tensor | None = None,
     chunk_size: int | None = None,
     requires_grad: bool = False,
+    share_prompts: bool | None = None,
 ) -> ResponseScores:
     """One side of :func:`token_signals`: the sampled tokens' log-probs and the entropy of
     ``B`` responses after their prompts, with the same alignment, chunking, checks and memory
@@ -177,7 +193,8 @@ def response_logprobs(
     for the teacher pass alone.
 
     Args and shapes as in :func:`token_signals` (``requires_grad`` is its
-    ``student_requires_grad``). Returns :class:`ResponseScores`.
+    ``student_requires_grad``; ``share_prompts=None`` shares repeated prompts when
+    ``requires_grad`` is False). Returns :class:`ResponseScores`.
     """
     backbone, head = _model_parts(model)
     _batch_size(prompt_ids=prompt_ids, response_ids=response_ids)
@@ -186,8 +203,9 @@ def response_logprobs(
     rows = _Rows(_policy_mask(response_mask, responses), responses, head.weight.device)
     temperature = _check_temperature(temperature)
     chunk_size = _check_chunk_size(chunk_size, head.out_features)
+    share = _share_prompts(share_prompts, prompts, requires_grad=requires_grad)
     with torch.enable_grad() if requires_grad else torch.no_grad():
-        hidden = _predicting_hidden(backbone, prompts, responses, rows)
+        hidden = _predicting_hidden(backbone, prompts, responses, rows, share)
         logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,), (temperature,),
                                      chunk_size, requires_grad)
     return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
@@ -306,12 +324,16 @@ def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
-                       responses: list[list[int]], rows: _Rows) -> torch.Tensor:
+                       responses: list[list[int]], rows: _Rows, share_prompts: bool
+                       ) -> torch.Tensor:
     """Final hidden states ``[N, H]`` at the positions that predict each packed response token.
 
     Runs the backbone on ``prompt + response`` for every example, right-padded, positions
-    ``0..len-1`` per row. Packed row ``n`` is example ``b``'s position ``P_b + t - 1``.
+    ``0..len-1`` per row. Packed row ``n`` is example ``b``'s position ``P_b + t - 1``. With
+    ``share_prompts``, :func:`_shared_prompt_hidden` computes the same states.
     """
+    if share_prompts:
+        return _shared_prompt_hidden(backbone, prompts, responses, rows)
     sequences = [p + r for p, r in zip(prompts, responses, strict=True)]
     batch, length = len(sequences), max(len(s) for s in sequences)
     input_ids = torch.zeros(batch, length, dtype=torch.long)
@@ -328,8 +350,68 @@ def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
     return hidden.reshape(batch * length, -1).index_select(0, flat)
 
 
+def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
+                          responses: list[list[int]], rows: _Rows) -> torch.Tensor:
+    """:func:`_predicting_hidden`'s ``[N, H]`` states with each distinct prompt run once.
+
+    For each prompt length ``P``: the ``G`` distinct prompts of that length run as one ``[G, P]``
+    batch into a KV cache; the cache rows are repeated for the ``M`` examples with those prompts,
+    which then run their responses but the last token, ``[M, R - 1]`` right-padded, at positions
+    ``P..P+R-2``. Example ``b``'s states ``[R, H]`` are the prompt's last state (predicting
+    response token 0) followed by the response pass's (predicting tokens ``1..R-1``).
+    """
+    distinct: dict[tuple[int, ...], int] = {}
+    prompt_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # [B]
+    by_length: dict[int, list[tuple[int, ...]]] = {}
+    for prompt in distinct:
+        by_length.setdefault(len(prompt), []).append(prompt)
+    device, length = rows.device, rows.length
+    examples: list[int] = []  # the example of each row of `states`, bucket after bucket
+    states: list[torch.Tensor] = []  # per bucket [M, T, H]
+    for prompt_length, bucket in by_length.items():
+        local = {distinct[prompt]: i for i, prompt in enumerate(bucket)}
+        members = [b for b, p in enumerate(prompt_of) if p in local]
+        cache = DynamicCache(config=backbone.config)
+        prompt_hidden = backbone(
+            input_ids=torch.tensor(bucket, dtype=torch.long, device=device),
+            position_ids=torch.arange(prompt_length, device=device).expand(len(bucket), -1),
+            past_key_values=cache, use_cache=True,
+        ).last_hidden_state  # [G, P, H]
+        which = torch.tensor([local[prompt_of[b]] for b in members], device=device)  # [M]
+        hidden = prompt_hidden[:, -1].index_select(0, which)[:, None]  # [M, 1, H]
+        width = max(len(responses[b]) for b in members) - 1
+        if width > 0:
+            input_ids = torch.zeros(len(members), width, dtype=torch.long)
+            for row, b in enumerate(members):
+                input_ids[row, : len(responses[b]) - 1] = torch.tensor(responses[b][:-1])
+            cache.batch_select_indices(which)
+            response_hidden = backbone(
+                input_ids=input_ids.to(device),
+                position_ids=torch.arange(prompt_length, prompt_length + width,
+                                          device=device).expand(len(members), -1),
+                past_key_values=cache, use_cache=True,
+            ).last_hidden_state  # [M, R - 1, H]
+            hidden = torch.cat([hidden, response_hidden], dim=1)  # [M, R, H]
+        states.append(nn.functional.pad(hidden, (0, 0, 0, length - hidden.shape[1])))
+        examples.extend(members)
+    slot = torch.empty(len(prompts), dtype=torch.long)
+    slot[examples] = torch.arange(len(prompts))
+    flat = slot.to(device)[rows.example] * length + rows.position
+    return torch.cat(states).reshape(len(prompts) * length, -1).index_select(0, flat)
+
+
 # ---------------------------------------------------------------------------------------------
 # Input checks: every failure is a ValueError naming the argument.
+
+
+def _share_prompts(share_prompts: object, prompts: list[list[int]], *,
+                   requires_grad: bool) -> bool:
+    """Resolve ``share_prompts`` for one side: ``None`` means no gradient and a repeated prompt."""
+    if share_prompts is None:
+        return not requires_grad and len({tuple(p) for p in prompts}) < len(prompts)
+    if not isinstance(share_prompts, bool):
+        raise ValueError(f"share_prompts must be True, False or None, got {share_prompts!r}")
+    return share_prompts
 
 
 def _batch_size(**lists: object) -> int:
