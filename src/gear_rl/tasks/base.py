@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gear_rl.envs.base import TextEnv
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,49 @@ class Problem:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
+@dataclass(frozen=True)
+class AgentSpec:
+    """How the trainer rolls out a tool-using task (``gear_rl.agent.run_agent``).
+
+    Attributes:
+        tool: ``"python"``: calls run in a :class:`~gear_rl.agent.tools.PythonSandbox` and their
+            output comes back as observation tokens; ``"none"``: the episode ends at the first
+            call, which is scored against the reference without running it (function calling).
+        tool_format: ``"python"`` (``<python>`` / ``<result>``), ``"markdown"`` (```` ```python ````
+            / ```` ```output ````) or ``"json"`` (``<tool_call>`` / ``<tool_response>``).
+        max_turns: policy turns per episode (the trainer's ``agent.max_turns`` overrides it).
+        score_text: what the scorer reads: ``"final"`` (the last policy turn) or ``"policy"``
+            (every policy turn, observations left out).
+    """
+
+    tool: str = "python"
+    tool_format: str = "python"
+    max_turns: int = 4
+    score_text: str = "final"
+
+    def __post_init__(self) -> None:
+        if self.tool not in ("python", "none"):
+            raise ValueError(f"AgentSpec.tool must be 'python' or 'none', got {self.tool!r}")
+        if self.score_text not in ("final", "policy"):
+            raise ValueError("AgentSpec.score_text must be 'final' or 'policy', got "
+                             f"{self.score_text!r}")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """A multi-turn environment task: each problem is one level (``problem.metadata["env_seed"]``)
+    played turn by turn; the outcome reward is 1.0 when the level is solved, 0.0 otherwise, and
+    the environment's shaped per-turn rewards are the step rewards (``gear_rl.credit.steps``).
+
+    Attributes:
+        make: a factory returning a fresh :class:`~gear_rl.envs.base.TextEnv`.
+        max_turns: policy turns per episode (the environment's own step limit also applies).
+    """
+
+    make: Callable[[], TextEnv]
+    max_turns: int = 10
+
+
 @dataclass
 class Task:
     """A task: a training split, a held-out split and a scorer.
@@ -41,6 +87,9 @@ class Task:
         eval: held-out problems (never trained on) for Mean@k / pass@k.
         scorer: ``scorer(problem, response_text) -> float`` reward in [0, 1]; 1 means correct.
         extract: ``extract(response_text) -> str | None``, the answer the scorer read (for logs).
+        agent: set for tool-using tasks (multi-turn rollouts with tool calls).
+        env: set for multi-turn environment tasks (the scorer is not used: the environment
+            decides success).
     """
 
     name: str
@@ -48,12 +97,16 @@ class Task:
     eval: Sequence[Problem]
     scorer: Callable[[Problem, str], float]
     extract: Callable[[str], str | None]
+    agent: AgentSpec | None = None
+    env: EnvSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.train:
             raise ValueError(f"task {self.name!r} has no training problems")
         if not self.eval:
             raise ValueError(f"task {self.name!r} has no held-out problems")
+        if self.agent is not None and self.env is not None:
+            raise ValueError(f"task {self.name!r}: set agent or env, not both")
 
     def score(self, problem: Problem, response: str) -> float:
         """Reward of ``response`` (decoded text, end-of-turn token stripped) for ``problem``."""

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.agent.parsing import parse_json_calls
-from gear_rl.tasks.base import Problem, Task
+from gear_rl.tasks.base import AgentSpec, Problem, Task
 
 __all__ = [
     "BFCL_CATEGORIES",
@@ -433,4 +433,5 @@ def bfcl_task(
         return "\n".join(b.strip() for b in blocks) if blocks else None
 
     return Task(name=f"bfcl:{','.join(categories)}", train=train, eval=held_out, scorer=scorer,
-                extract=extract)
+                extract=extract,
+                agent=AgentSpec(tool="none", tool_format="json", max_turns=1))

@@ -16,6 +16,7 @@ import yaml
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "AgentConfig",
     "EvalConfig",
     "LogConfig",
     "LossConfig",
@@ -162,6 +163,31 @@ class EvalConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Multi-turn rollouts of agent tasks (``tool-math``, ``bfcl``) and environments
+    (``sokoban``, ``keydoor``). Single-turn tasks ignore this section.
+
+    Attributes:
+        max_turns: policy turns per episode (None: the task's own; environments: their step
+            limit).
+        max_new_tokens_per_turn: generation cap of one turn.
+        max_response_tokens: budget of a whole response, policy and observation tokens.
+        max_observation_tokens: a tool output is cut to this many tokens.
+        sandbox_workers: warm Python workers for tool calls.
+        sandbox_timeout_s: wall-time limit of one tool call.
+        sandbox_memory_mb: memory limit of one tool call.
+    """
+
+    max_turns: int | None = None
+    max_new_tokens_per_turn: int = 64
+    max_response_tokens: int = 384
+    max_observation_tokens: int = 128
+    sandbox_workers: int = 2
+    sandbox_timeout_s: float = 5.0
+    sandbox_memory_mb: int = 512
+
+
+@dataclass
 class LogConfig:
     """Outputs.
 
@@ -226,19 +252,21 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     signals: SignalConfig = field(default_factory=SignalConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
-        from gear_rl.credit import ESTIMATORS
+        from gear_rl.credit import ESTIMATORS, STEP_ESTIMATORS
 
-        if self.estimator != "opsd" and self.estimator not in ESTIMATORS:
+        known = {**ESTIMATORS, **STEP_ESTIMATORS}
+        if self.estimator != "opsd" and self.estimator not in known:
             raise ValueError(
                 f"estimator: unknown {self.estimator!r}; choose from "
-                f"{sorted([*ESTIMATORS, 'opsd'])}"
+                f"{sorted([*known, 'opsd'])}"
             )
         if self.estimator != "opsd":
-            ESTIMATORS[self.estimator].make_config(**self.credit)  # raises on unknown fields
+            known[self.estimator].make_config(**self.credit)  # raises on unknown fields
         elif self.credit:
             raise ValueError("credit: estimator 'opsd' takes no credit config")
         positive = {
@@ -252,6 +280,12 @@ class TrainConfig:
             "eval.size": self.eval.size, "eval.k": self.eval.k,
             "eval.max_new_tokens": self.eval.max_new_tokens,
             "log.keep_checkpoints": self.log.keep_checkpoints,
+            "agent.max_turns": 1 if self.agent.max_turns is None else self.agent.max_turns,
+            "agent.max_new_tokens_per_turn": self.agent.max_new_tokens_per_turn,
+            "agent.max_response_tokens": self.agent.max_response_tokens,
+            "agent.max_observation_tokens": self.agent.max_observation_tokens,
+            "agent.sandbox_workers": self.agent.sandbox_workers,
+            "agent.sandbox_memory_mb": self.agent.sandbox_memory_mb,
         }
         for name, value in positive.items():
             if value < 1:
@@ -272,7 +306,8 @@ class TrainConfig:
                              f"batch ({batch} trajectories)")
         for name, value in {"rollout.temperature": self.rollout.temperature,
                             "eval.temperature": self.eval.temperature,
-                            "optim.lr": self.optim.lr}.items():
+                            "optim.lr": self.optim.lr,
+                            "agent.sandbox_timeout_s": self.agent.sandbox_timeout_s}.items():
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         for name, value in {"rollout.top_p": self.rollout.top_p,

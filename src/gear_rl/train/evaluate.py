@@ -4,21 +4,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.rollout import sample_responses
+from gear_rl.train.episodes import AgentLimits, collect, decode_response
+
+if TYPE_CHECKING:
+    from gear_rl.agent.tools import PythonSandbox
 
 __all__ = ["decode_response", "evaluate"]
-
-
-def decode_response(tokenizer, response_ids: Sequence[int], finished: bool) -> str:
-    """Text of a response without its end-of-turn token (and without special tokens)."""
-    ids = list(response_ids[:-1] if finished else response_ids)
-    return tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def evaluate(
@@ -35,6 +32,8 @@ def evaluate(
     stop_ids: Sequence[int],
     pad_id: int,
     batch_size: int | None = 128,
+    limits: AgentLimits | None = None,
+    sandbox: PythonSandbox | None = None,
 ) -> dict[str, Any]:
     """Sample ``k`` responses per held-out problem and score them.
 
@@ -46,11 +45,14 @@ def evaluate(
         seed: seeds the sampling stream, so the same model and seed give the same score.
         stop_ids, pad_id: see ``gear_rl.train.rollout.sample_responses``.
         batch_size: rows per generation batch.
+        limits, sandbox: multi-turn limits and the Python sandbox for agent / environment
+            tasks (see :func:`gear_rl.train.episodes.collect`).
 
     Returns:
         ``{"mean@k": float, "pass@k": float, "problems": int, "samples": int,
         "response_len": float, "truncated": float, "records": [...]}`` where ``records`` has one
-        entry per problem (id, answer, per-sample rewards and extracted answers).
+        entry per problem (id, answer, per-sample rewards and extracted answers), plus the
+        agent / environment metrics of multi-turn tasks (``agent/...``, ``env/...``).
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
@@ -60,19 +62,18 @@ def evaluate(
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(int(seed))
     prompts = [build_prompt_ids(tokenizer, p.prompt) for p in problems]
-    rollout = sample_responses(
-        model, [p for p in prompts for _ in range(k)], max_new_tokens=max_new_tokens,
-        stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
-        generator=generator, batch_size=batch_size,
-    )
+    rows = collect(task, [p for p in problems for _ in range(k)],
+                   [p for p in prompts for _ in range(k)], model=model, tokenizer=tokenizer,
+                   stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
+                   generator=generator, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                   limits=limits, sandbox=sandbox)
     records, correct, any_correct = [], 0.0, 0
     for index, problem in enumerate(problems):
         rewards, answers = [], []
         for j in range(k):
             row = index * k + j
-            text = decode_response(tokenizer, rollout.response_ids[row], rollout.finished[row])
-            rewards.append(task.score(problem, text))
-            answers.append(task.extract(text))
+            rewards.append(rows.rewards[row])
+            answers.append(rows.extracted[row])
         hits = [r >= 1.0 for r in rewards]
         correct += sum(hits)
         any_correct += any(hits)
@@ -84,7 +85,8 @@ def evaluate(
         f"pass@{k}": any_correct / len(problems),
         "problems": len(problems),
         "samples": samples,
-        "response_len": rollout.num_tokens / samples,
-        "truncated": 1.0 - sum(rollout.finished) / samples,
+        "response_len": sum(len(r) for r in rows.response_ids) / samples,
+        "truncated": 1.0 - sum(rows.finished) / samples,
         "records": records,
+        **rows.metrics,
     }

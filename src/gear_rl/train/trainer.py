@@ -3,8 +3,13 @@
 One step, top to bottom (``Trainer.step``):
 
 1. **Rollout.** ``rollout.prompts_per_step`` problems, ``rollout.samples_per_prompt`` (K)
-   responses each, sampled with a KV cache until end of turn.
-2. **Reward.** The task's scorer on each decoded response (1 correct, 0 not).
+   responses each, sampled with a KV cache until end of turn. Agent tasks (``tool-math``,
+   ``bfcl``) run multi-turn: tool calls execute in a sandbox and their outputs are appended as
+   observation tokens; environment tasks (``sokoban``, ``keydoor``) play one game per row. Both
+   go through ``gear_rl.train.episodes.collect`` (as does evaluation). Observation tokens stay
+   in the context and get mask 0 in the signals, the credit and the loss.
+2. **Reward.** The task's scorer on each decoded response (1 correct, 0 not); environments:
+   1 when the level is solved (their shaped per-turn rewards are the step rewards).
 3. **Signals** (no grad). The student's log-probs of its sampled tokens (PPO's "old" log-probs)
    and entropy; when the estimator needs them (``estimator.needs``) the same pass also scores
    the responses under the ground-truth-conditioned teacher prompt (one extra no-grad forward)
@@ -37,7 +42,13 @@ import numpy as np
 import torch
 import yaml
 
-from gear_rl.credit import CreditBatch, gear_segments, get_estimator, grpo_advantages
+from gear_rl.credit import (
+    STEP_ESTIMATORS,
+    CreditBatch,
+    gear_segments,
+    get_estimator,
+    grpo_advantages,
+)
 from gear_rl.signals import (
     TeacherPromptConfig,
     response_logprobs,
@@ -53,9 +64,10 @@ from gear_rl.train.checkpoint import (
     set_rng_state,
 )
 from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
-from gear_rl.train.evaluate import decode_response, evaluate
+from gear_rl.train.episodes import AgentLimits, Rows, collect
+from gear_rl.train.evaluate import evaluate
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
-from gear_rl.train.rollout import sample_responses, stop_token_ids
+from gear_rl.train.rollout import stop_token_ids
 
 __all__ = ["Trainer", "bf16_is_native", "resolve_device", "train"]
 
@@ -86,6 +98,18 @@ def bf16_is_native(device: torch.device) -> bool:
     return False
 
 
+def agent_limits(config: TrainConfig, *, evaluation: bool = False) -> AgentLimits:
+    """The multi-turn limits of ``config.agent`` (evaluation: at least ``eval.max_new_tokens``
+    per turn)."""
+    agent = config.agent
+    per_turn = agent.max_new_tokens_per_turn
+    if evaluation:
+        per_turn = max(per_turn, config.eval.max_new_tokens)
+    return AgentLimits(max_turns=agent.max_turns, max_new_tokens_per_turn=per_turn,
+                       max_response_tokens=agent.max_response_tokens,
+                       max_observation_tokens=agent.max_observation_tokens)
+
+
 def _derived_seed(*parts: int) -> int:
     value = 0x9E3779B97F4A7C15
     for part in parts:
@@ -110,9 +134,12 @@ class StepBatch:
         prompt_ids, teacher_ids, response_ids: token ids per row.
         finished: ``B`` flags (ended with a stop token).
         texts: ``B`` decoded responses. ``rewards``: ``[B]``.
-        mask, old_logprobs, entropy: ``[B, T]``.
+        mask, old_logprobs, entropy: ``[B, T]`` (mask: 1 on the policy's own tokens).
         divergence, teacher_logprobs, ref_logprobs: ``[B, T]`` or None.
         advantages: ``[B, T]`` token-level advantages.
+        policy_masks, turn_ids: per row and token (multi-turn tasks; None otherwise).
+        extras: step inputs for the step-level estimators (``CreditBatch.extras``).
+        rollout_metrics: agent / environment statistics of the batch.
     """
 
     problems: list[Problem]
@@ -130,6 +157,10 @@ class StepBatch:
     teacher_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    policy_masks: list[list[int]] | None = None
+    turn_ids: list[list[int]] | None = None
+    extras: dict[str, Any] | None = None
+    rollout_metrics: dict[str, float] | None = None
 
 
 class Trainer:
@@ -181,6 +212,15 @@ class Trainer:
             eval_path=config.eval_data,
         )
         self.estimator = None if config.estimator == "opsd" else get_estimator(config.estimator)
+        self._check_task_estimator()
+        self.limits = agent_limits(config)
+        self.sandbox = None
+        if self.task.agent is not None and self.task.agent.tool == "python":
+            from gear_rl.agent.tools import PythonSandbox
+
+            self.sandbox = PythonSandbox(workers=config.agent.sandbox_workers,
+                                         timeout_s=config.agent.sandbox_timeout_s,
+                                         memory_mb=config.agent.sandbox_memory_mb)
         self.credit_config = (None if self.estimator is None
                               else self.estimator.make_config(**config.credit))
         self.distill = config.estimator == "opsd" or config.loss.opsd_coef > 0
@@ -204,6 +244,32 @@ class Trainer:
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"),
                                         purge_step=self.start_step + 1)
         self.history: list[dict[str, Any]] = self._read_jsonl(self.run_dir / "metrics.jsonl")
+
+    def _check_task_estimator(self) -> None:
+        """Step-level estimators need turns (agent or environment tasks); all but
+        ``turn_level`` also need state keys (environment tasks)."""
+        name = self.config.estimator
+        if name not in STEP_ESTIMATORS:
+            return
+        from gear_rl.credit.steps.gear_steps import NEEDS_STATES
+
+        base = self.config.credit.get("base", "gigpo") if name == "gear_steps" else name
+        if self.task.env is None and self.task.agent is None:
+            raise ValueError(f"estimator {name!r} assigns credit per turn: use a multi-turn task "
+                             "(an environment such as sokoban/keydoor, or tool-math)")
+        if self.task.env is None and base in NEEDS_STATES:
+            raise ValueError(f"estimator {name!r} groups steps by environment state: use an "
+                             "environment task (sokoban, keydoor); tool tasks have turns only "
+                             "(estimator=turn_level)")
+
+    def close(self) -> None:
+        """Stop the sandbox workers (if any) and flush TensorBoard."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     # ------------------------------------------------------------------ run directory, resume
     def _prepare_run_dir(self) -> Path:
@@ -309,7 +375,7 @@ class Trainer:
     # ------------------------------------------------------------------ the step
     @torch.no_grad()
     def rollout(self, step: int) -> StepBatch:
-        """Sample K responses for each of the step's problems and score them."""
+        """Sample K responses (or episodes) for each of the step's problems and score them."""
         config = self.config.rollout
         problems = [p for p in self._problems_for_step(step)
                     for _ in range(config.samples_per_prompt)]
@@ -317,21 +383,40 @@ class Trainer:
         pairs = [self._prompts(p) for p in problems]
         generator = torch.Generator(device=self.device).manual_seed(
             _derived_seed(self.config.seed, 1, step))
-        result = sample_responses(
-            self.sampler, [s for s, _ in pairs], max_new_tokens=config.max_new_tokens,
-            stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=config.temperature,
-            top_p=config.top_p, generator=generator, batch_size=config.batch_size,
+        rows = collect(
+            self.task, problems, [s for s, _ in pairs], model=self.sampler,
+            tokenizer=self.tokenizer, stop_ids=self.stop_ids, pad_id=self.pad_id,
+            temperature=config.temperature, top_p=config.top_p, generator=generator,
+            max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
+            limits=self.limits, sandbox=self.sandbox,
         )
-        texts = [decode_response(self.tokenizer, r, f)
-                 for r, f in zip(result.response_ids, result.finished, strict=True)]
-        rewards = torch.tensor([self.task.score(p, t) for p, t in zip(problems, texts,
-                                                                       strict=True)])
         empty = torch.zeros(0)
         return StepBatch(problems=problems, group_ids=group_ids,
                          prompt_ids=[s for s, _ in pairs], teacher_ids=[t for _, t in pairs],
-                         response_ids=result.response_ids, finished=result.finished,
-                         texts=texts, rewards=rewards, mask=empty, old_logprobs=empty,
-                         entropy=empty)
+                         response_ids=rows.response_ids, finished=rows.finished,
+                         texts=rows.texts, rewards=torch.tensor(rows.rewards), mask=empty,
+                         old_logprobs=empty, entropy=empty, policy_masks=rows.policy_masks,
+                         turn_ids=rows.turn_ids, extras=self._step_extras(rows),
+                         rollout_metrics=rows.metrics)
+
+    @staticmethod
+    def _step_extras(rows: Rows) -> dict[str, Any] | None:
+        if rows.step_spans is None:
+            return None
+        extras: dict[str, Any] = {"step_spans": rows.step_spans}
+        if rows.step_rewards is not None:
+            extras["step_rewards"] = rows.step_rewards
+        if rows.state_keys is not None:
+            extras["state_keys"] = rows.state_keys
+        return extras
+
+    def _masks(self, batch: StepBatch, rows) -> list[list[int]] | None:
+        """The policy masks of ``rows`` (None: single-turn, every token is the policy's)."""
+        if batch.policy_masks is None:
+            return None
+        if isinstance(rows, slice):
+            return batch.policy_masks[rows]
+        return [batch.policy_masks[i] for i in rows]
 
     @torch.no_grad()
     def score(self, batch: StepBatch) -> None:
@@ -349,6 +434,7 @@ class Trainer:
                         batch.response_ids[rows], temperature=config.rollout.temperature,
                         estimator=config.signals.divergence, topk=config.signals.topk,
                         chunk_size=config.signals.chunk_size,
+                        response_mask=self._masks(batch, rows),
                     )
                     fields = {"old_logprobs": sig.student_logprobs, "entropy": sig.entropy,
                               "divergence": sig.divergence,
@@ -358,6 +444,7 @@ class Trainer:
                         self.model, batch.prompt_ids[rows], batch.response_ids[rows],
                         temperature=config.rollout.temperature,
                         chunk_size=config.signals.chunk_size,
+                        response_mask=self._masks(batch, rows),
                     )
                     fields = {"old_logprobs": scores.logprobs, "entropy": scores.entropy,
                               "mask": scores.mask}
@@ -366,6 +453,7 @@ class Trainer:
                         self.reference, batch.prompt_ids[rows], batch.response_ids[rows],
                         temperature=config.rollout.temperature,
                         chunk_size=config.signals.chunk_size,
+                        response_mask=self._masks(batch, rows),
                     ).logprobs
             for name, value in fields.items():
                 parts.setdefault(name, []).append(_pad(value.float(), length))
@@ -381,6 +469,7 @@ class Trainer:
             rewards=batch.rewards.to(batch.mask.device), group_ids=batch.group_ids,
             mask=batch.mask, divergence=batch.divergence, entropy=batch.entropy,
             student_logprobs=batch.old_logprobs, teacher_logprobs=batch.teacher_logprobs,
+            extras=batch.extras or {},
         )
         batch.advantages = self.estimator(credit_batch, self.credit_config).float()
 
@@ -442,12 +531,14 @@ class Trainer:
                     self.model, prompts, [batch.teacher_ids[i] for i in rows], responses,
                     temperature=config.rollout.temperature, estimator=signals.divergence,
                     topk=signals.topk, chunk_size=signals.chunk_size, student_requires_grad=True,
+                    response_mask=self._masks(batch, rows),
                 )
                 logprobs, divergence = sig.student_logprobs, sig.divergence
             else:
                 logprobs = response_logprobs(
                     self.model, prompts, responses, temperature=config.rollout.temperature,
                     chunk_size=signals.chunk_size, requires_grad=True,
+                    response_mask=self._masks(batch, rows),
                 ).logprobs
                 divergence = None
         length = logprobs.shape[1]
@@ -503,6 +594,7 @@ class Trainer:
             out["ref_kl"] = float(((batch.old_logprobs - batch.ref_logprobs) * mask).sum()
                                   / tokens)
         out.update(self._credit_metrics(batch))
+        out.update(batch.rollout_metrics or {})
         return out
 
     def _weights(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -570,6 +662,11 @@ class Trainer:
                 "tokens": [self.tokenizer.decode([t]) for t in batch.response_ids[row]],
                 "token_ids": batch.response_ids[row],
             }
+            if batch.turn_ids is not None:
+                # multi-turn: mask 0 marks observation tokens; the transcript shows them
+                record["turn_ids"] = batch.turn_ids[row]
+                record["transcript"] = self.tokenizer.decode(batch.response_ids[row],
+                                                             skip_special_tokens=False)
 
             def values(tensor: torch.Tensor | None, row: int = row, length: int = length):
                 return (None if tensor is None
@@ -604,7 +701,11 @@ class Trainer:
             self.sampler, self.tokenizer, self.task, k=config.k, temperature=config.temperature,
             top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed,
             stop_ids=self.stop_ids, pad_id=self.pad_id, batch_size=config.batch_size,
+            limits=self._eval_limits(), sandbox=self.sandbox,
         )
+
+    def _eval_limits(self) -> AgentLimits:
+        return agent_limits(self.config, evaluation=True)
 
     def _eval_record(self, step: int) -> dict[str, Any]:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -615,7 +716,9 @@ class Trainer:
                 "eval/response_len": result["response_len"],
                 "eval/truncated": result["truncated"],
                 "time/eval": time.perf_counter() - started,
-                "time/eval_cpu": time.process_time() - cpu_started}
+                "time/eval_cpu": time.process_time() - cpu_started,
+                **{f"eval/{key}": value for key, value in result.items()
+                   if key.startswith(("agent/", "env/"))}}
 
     # ------------------------------------------------------------------ the loop
     def step(self, step: int) -> tuple[dict[str, Any], StepBatch]:
@@ -642,7 +745,14 @@ class Trainer:
         return record, batch
 
     def train(self) -> dict[str, Any]:
-        """Run (or continue) the configured number of steps; returns the end summary."""
+        """Run (or continue) the configured number of steps; returns the end summary. The
+        sandbox and TensorBoard writer are closed at the end, also when a step fails."""
+        try:
+            return self._train()
+        finally:
+            self.close()
+
+    def _train(self) -> dict[str, Any]:
         config = self.config
         started = time.perf_counter()
         k = config.eval.k
@@ -671,12 +781,14 @@ class Trainer:
                            "loss": f"{record['loss']:+.4f}"}
                 if f"eval/mean@{k}" in record:
                     postfix[f"eval@{k}"] = f"{record[f'eval/mean@{k}']:.3f}"
+                for name, label in (("env/success_rate", "solved"),
+                                    ("agent/tool_call_rate", "tools")):
+                    if name in record:
+                        postfix[label] = f"{record[name]:.2f}"
                 progress.set_postfix(postfix)
                 progress.update(1)
         if progress is not None:
             progress.close()
-        if self.writer is not None:
-            self.writer.close()
         summary = self.summary(time.perf_counter() - started)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -782,8 +894,18 @@ def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) ->
                      eval_path=config.eval_data)
     stops = stop_token_ids(tokenizer, model)
     pad = tokenizer.pad_token_id
-    return evaluate(model, tokenizer, task, k=config.eval.k, temperature=config.eval.temperature,
-                    top_p=config.eval.top_p, max_new_tokens=config.eval.max_new_tokens,
-                    seed=config.eval.seed, stop_ids=stops,
-                    pad_id=int(pad if pad is not None else stops[0]),
-                    batch_size=config.eval.batch_size)
+    agent = config.agent
+    limits = agent_limits(config, evaluation=True)
+    with contextlib.ExitStack() as stack:
+        sandbox = None
+        if task.agent is not None and task.agent.tool == "python":
+            from gear_rl.agent.tools import PythonSandbox
+
+            sandbox = stack.enter_context(PythonSandbox(
+                workers=agent.sandbox_workers, timeout_s=agent.sandbox_timeout_s,
+                memory_mb=agent.sandbox_memory_mb))
+        return evaluate(model, tokenizer, task, k=config.eval.k,
+                        temperature=config.eval.temperature, top_p=config.eval.top_p,
+                        max_new_tokens=config.eval.max_new_tokens, seed=config.eval.seed,
+                        stop_ids=stops, pad_id=int(pad if pad is not None else stops[0]),
+                        batch_size=config.eval.batch_size, limits=limits, sandbox=sandbox)

@@ -1,0 +1,211 @@
+"""One rollout entry point for every kind of task: single-turn, tool-using agent, environment.
+
+The trainer's rollout and the held-out evaluation both call :func:`collect`, so a task is
+sampled and scored the same way in both. Per row it returns the response token ids, the policy
+mask (0 on observation tokens: tool outputs and environment boards, which GEAR's scan skips and
+the loss ignores), turn ids, the reward, and for environment tasks the per-step spans, state keys
+and rewards that the step-level estimators (``gear_rl.credit.steps``) read.
+
+- Single-turn tasks: :func:`gear_rl.train.rollout.sample_responses`, scored on the decoded text.
+- Agent tasks (``task.agent``): :func:`gear_rl.agent.run_agent` with the trainer's KV-cache
+  sampler; Python calls run in a :class:`~gear_rl.agent.tools.PythonSandbox`. The reward is the
+  task's score of the last policy turn (or of all policy turns, ``AgentSpec.score_text``).
+- Environment tasks (``task.env``): :func:`gear_rl.agent.env_loop.run_env_episodes`; the reward
+  is 1.0 when the level is solved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gear_rl.tasks import Problem, Task
+from gear_rl.train.rollout import sample_responses
+
+if TYPE_CHECKING:
+    from gear_rl.agent.tools import PythonSandbox
+
+__all__ = ["AgentLimits", "Rows", "collect", "decode_response"]
+
+
+def decode_response(tokenizer, response_ids: Sequence[int], finished: bool) -> str:
+    """Text of a response without its end-of-turn token (and without special tokens)."""
+    ids = list(response_ids[:-1] if finished else response_ids)
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class AgentLimits:
+    """Multi-turn limits (agent and environment tasks).
+
+    Attributes:
+        max_turns: policy turns per episode (None: the task's own).
+        max_new_tokens_per_turn: generation cap of one turn.
+        max_response_tokens: budget of a whole response, policy and observation tokens.
+        max_observation_tokens: a tool output is cut to this many tokens.
+    """
+
+    max_turns: int | None = None
+    max_new_tokens_per_turn: int = 64
+    max_response_tokens: int = 512
+    max_observation_tokens: int = 128
+
+
+@dataclass
+class Rows:
+    """Sampled and scored rows (``B`` of everything).
+
+    Attributes:
+        response_ids: token ids after the prompt (observations included).
+        finished: the response ended properly (end-of-turn token, final answer, solved or the
+            environment's own end) rather than being cut by a length limit.
+        texts: the text the scorer read (environment tasks: the policy's turns joined).
+        extracted: the answer the scorer extracted (None where none / environment tasks).
+        rewards: the outcome rewards.
+        policy_masks: per row, 1 policy token / 0 observation token; None for single-turn
+            tasks (every token is the policy's).
+        turn_ids: per row and token, the turn index (None for single-turn tasks).
+        step_spans, state_keys, step_rewards: per row and step (environment tasks; agent tasks
+            have step spans only; None for single-turn tasks).
+        metrics: batch statistics (tool-call rate, observation fraction, success rate...).
+    """
+
+    response_ids: list[list[int]]
+    finished: list[bool]
+    texts: list[str]
+    extracted: list[str | None]
+    rewards: list[float]
+    policy_masks: list[list[int]] | None = None
+    turn_ids: list[list[int]] | None = None
+    step_spans: list[list[tuple[int, int]]] | None = None
+    state_keys: list[list[Hashable]] | None = None
+    step_rewards: list[list[float]] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: float,
+                 top_p: float, generator: torch.Generator, batch_size: int | None):
+    def generate(prompts: list[list[int]], stop_strings: list[str],
+                 budgets: list[int]) -> list[list[int]]:
+        # Stop strings are not honoured here; the agent loop cuts each turn after its call.
+        return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
+                                pad_id=pad_id, temperature=temperature, top_p=top_p,
+                                generator=generator, batch_size=batch_size).response_ids
+
+    return generate
+
+
+def _step_spans(turn_ids: Sequence[int], mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each turn's policy tokens."""
+    spans: list[tuple[int, int]] = []
+    for position, (turn, on) in enumerate(zip(turn_ids, mask, strict=True)):
+        if not on:
+            continue
+        if len(spans) == turn + 1:
+            spans[-1] = (spans[-1][0], position + 1)
+        else:
+            spans.append((position, position + 1))
+    return spans
+
+
+def collect(
+    task: Task,
+    problems: Sequence[Problem],
+    prompts: Sequence[Sequence[int]],
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator,
+    max_new_tokens: int,
+    batch_size: int | None = None,
+    limits: AgentLimits | None = None,
+    sandbox: PythonSandbox | None = None,
+) -> Rows:
+    """Sample one response (or episode) per prompt and score it.
+
+    Args:
+        task: what to roll out and how to score it.
+        problems, prompts: ``B`` problems and their chat-rendered prompt ids.
+        model: the sampler. ``tokenizer``: its tokenizer.
+        stop_ids, pad_id, temperature, top_p, generator, batch_size: sampling (see
+            :func:`gear_rl.train.rollout.sample_responses`).
+        max_new_tokens: the response cap of a single-turn task.
+        limits: multi-turn limits (default :class:`AgentLimits`).
+        sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
+    """
+    if len(problems) != len(prompts):
+        raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
+    limits = limits or AgentLimits()
+    generate = _generate_fn(model, stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
+                            top_p=top_p, generator=generator, batch_size=batch_size)
+    if task.env is not None:
+        return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
+    if task.agent is not None:
+        return _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
+                              sandbox)
+    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                              pad_id=pad_id, temperature=temperature, top_p=top_p,
+                              generator=generator, batch_size=batch_size)
+    texts = [decode_response(tokenizer, r, f)
+             for r, f in zip(result.response_ids, result.finished, strict=True)]
+    return Rows(response_ids=result.response_ids, finished=result.finished, texts=texts,
+                extracted=[task.extract(t) for t in texts],
+                rewards=[task.score(p, t) for p, t in zip(problems, texts, strict=True)])
+
+
+def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
+                   sandbox) -> Rows:
+    from gear_rl.agent import AgentConfig, PythonExecutor, rollout_metrics, run_agent
+
+    spec = task.agent
+    executor = None
+    if spec.tool == "python":
+        if sandbox is None:
+            raise ValueError(f"task {task.name!r} runs Python tool calls: pass a sandbox")
+        executor = PythonExecutor(sandbox)
+    config = AgentConfig(
+        tool_format=spec.tool_format, max_turns=limits.max_turns or spec.max_turns,
+        max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
+        max_response_tokens=limits.max_response_tokens,
+        max_observation_tokens=limits.max_observation_tokens,
+        stop_after_tool_call=spec.tool == "none")
+    trajectories = run_agent(prompts, generate, tokenizer, config, executor, stop_ids=stop_ids)
+    texts = [t.final_text if spec.score_text == "final" else t.policy_text
+             for t in trajectories]
+    finished = [t.finish_reason in ("answer", "tool_call") for t in trajectories]
+    return Rows(
+        response_ids=[t.response_ids for t in trajectories], finished=finished, texts=texts,
+        extracted=[task.extract(t) for t in texts],
+        rewards=[task.score(p, t) for p, t in zip(problems, texts, strict=True)],
+        policy_masks=[t.loss_mask for t in trajectories],
+        turn_ids=[t.turn_ids for t in trajectories],
+        step_spans=[_step_spans(t.turn_ids, t.loss_mask) for t in trajectories],
+        metrics=rollout_metrics(trajectories))
+
+
+def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits) -> Rows:
+    from gear_rl.agent.env_loop import env_metrics, run_env_episodes
+
+    spec = task.env
+    envs = [spec.make() for _ in problems]
+    episodes = run_env_episodes(
+        envs, [int(p.metadata["env_seed"]) for p in problems], prompts, generate, tokenizer,
+        stop_ids=stop_ids, max_turns=limits.max_turns or spec.max_turns,
+        max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
+        max_response_tokens=limits.max_response_tokens)
+    return Rows(
+        response_ids=[e.response_ids for e in episodes],
+        finished=[e.finish_reason in ("solved", "env_done") for e in episodes],
+        texts=["\n".join(e.texts) for e in episodes],
+        extracted=[" ".join(a or "?" for a in e.actions) for e in episodes],
+        rewards=[1.0 if e.success else 0.0 for e in episodes],
+        policy_masks=[e.loss_mask for e in episodes], turn_ids=[e.turn_ids for e in episodes],
+        step_spans=[e.step_spans for e in episodes], state_keys=[e.state_keys for e in episodes],
+        step_rewards=[e.step_rewards for e in episodes], metrics=env_metrics(episodes))
