@@ -53,7 +53,7 @@ def load_task(
       optionally prefixed ``rg:`` (``options`` go to reasoning-gym, ``instruction`` is appended
       to its questions);
     - ``tool-math`` or ``tool-math:NAME``: reasoning-gym math with a Python tool (default
-      problems: products of 2-3 digit numbers), multi-turn;
+      problems: products of two 2-digit numbers), multi-turn;
     - ``toolrl:PATH``: a ToolRL-layout file (function calling, scored from the response text);
     - ``bfcl`` or ``bfcl:simple,multiple,parallel``: BFCL categories (function calling; the
       episode ends at the first ``<tool_call>`` block);

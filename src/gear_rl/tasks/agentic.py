@@ -24,8 +24,8 @@ from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task
 __all__ = ["ENV_NAMES", "TOOL_MATH_PRESET", "env_task", "tool_math_task"]
 
 TOOL_MATH_PRESET: tuple[str, dict[str, Any]] = (
-    "products", {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 3})
-"""The default tool-math problems: products of two 2-3 digit numbers (hard to do in one's head
+    "products", {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2})
+"""The default tool-math problems: products of two 2-digit numbers (hard to do in one's head
 for a 135M model, one line of Python)."""
 
 
