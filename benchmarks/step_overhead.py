@@ -45,28 +45,59 @@ def _useful_tokens(rows: list[list[int]], stops: set[int]) -> int:
     return total
 
 
+PHASES = ("rollout", "score", "credit", "update")
+
+
+def _time_phases_cpu(trainer: Trainer) -> dict[str, float]:
+    """Wrap the trainer's step phases so each call adds its CPU seconds (this process, all
+    threads) to the returned dict (keys :data:`PHASES`); the step records only wall time per
+    phase, which on a shared machine measures the neighbours too."""
+    seconds = dict.fromkeys(PHASES, 0.0)
+
+    def timed(name: str, method):
+        def wrapper(*args, **kwargs):
+            started = time.process_time()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                seconds[name] += time.process_time() - started
+        return wrapper
+
+    for name in PHASES:
+        setattr(trainer, name, timed(name, getattr(trainer, name)))
+    return seconds
+
+
 def bench_steps(overrides: list[str], steps: int, workdir: str) -> dict:
-    """Median step/phase times of GEAR and GRPO, alternating, with frozen weights."""
+    """Median step/phase times (wall and CPU) of GEAR and GRPO, alternating, with frozen
+    weights."""
     common = [*overrides, "optim.lr=1e-12", "log.progress=false", "log.tensorboard=false",
               "log.samples_per_step=0", "log.checkpoint_every=0", "eval.at_start=false"]
     gear = Trainer(load_config(None, [*common, "estimator=gear", f"out={workdir}/gear"]))
     grpo = Trainer(load_config(None, [*common, "estimator=grpo", f"out={workdir}/grpo"]),
                    model=copy.deepcopy(gear.model), tokenizer=gear.tokenizer, task=gear.task)
+    phase_cpu = {"gear": _time_phases_cpu(gear), "grpo": _time_phases_cpu(grpo)}
     times: dict[str, list[dict]] = {"gear": [], "grpo": []}
     for step in range(steps + 1):  # step 0 warms up (numba compile, allocator)
         for name, trainer in (("gear", gear), ("grpo", grpo)):
+            seconds = phase_cpu[name]
+            for phase in PHASES:
+                seconds[phase] = 0.0
             record, _ = trainer.step(step + 1)
+            record.update({f"time/{phase}_cpu": seconds[phase] for phase in PHASES})
             if step > 0:
                 times[name].append(record)
             print(f"  {name} step {step}: {record['time/step']:.2f} s, "
-                  f"{record['time/step_cpu']:.2f} CPU s (rollout "
-                  f"{record['time/rollout']:.2f}, signals {record['time/signals']:.2f}, "
-                  f"update {record['time/update']:.2f}); {record['response_len']:.1f} tok/resp",
-                  file=sys.stderr, flush=True)
+                  f"{record['time/step_cpu']:.2f} CPU s (wall / CPU: rollout "
+                  f"{record['time/rollout']:.2f} / {record['time/rollout_cpu']:.2f}, signals "
+                  f"{record['time/signals']:.2f} / {record['time/score_cpu']:.2f}, credit "
+                  f"{record['time/credit']:.2f} / {record['time/credit_cpu']:.2f}, update "
+                  f"{record['time/update']:.2f} / {record['time/update_cpu']:.2f}); "
+                  f"{record['response_len']:.1f} tok/resp", file=sys.stderr, flush=True)
     out = {}
     for name, records in times.items():
         for key in ("time/step", "time/step_cpu", "time/rollout", "time/signals", "time/credit",
-                    "time/update"):
+                    "time/update", *(f"time/{phase}_cpu" for phase in PHASES)):
             out[f"{name}_{key.split('/')[1]}_median_s"] = statistics.median(r[key] for r in
                                                                             records)
     out["gear_over_grpo_step"] = out["gear_step_median_s"] / out["grpo_step_median_s"]
@@ -139,6 +170,9 @@ def main() -> int:
           f"{steps['grpo_step_median_s']:.2f} s = {steps['gear_over_grpo_step']:.3f} "
           f"(goal <= 1.15); in CPU seconds {steps['gear_over_grpo_step_cpu']:.3f}; signals "
           f"{steps['gear_signals_median_s']:.2f} s vs {steps['grpo_signals_median_s']:.2f} s")
+    print("median CPU s per phase, GEAR / GRPO: " + ", ".join(
+        f"{phase} {steps[f'gear_{phase}_cpu_median_s']:.2f} / "
+        f"{steps[f'grpo_{phase}_cpu_median_s']:.2f}" for phase in PHASES))
     print(f"rollout {rollout['ours_tok_per_s']:.0f} tok/s vs model.generate "
           f"{rollout['generate_tok_per_s']:.0f} tok/s = {rollout['ours_over_generate']:.2f}x "
           "(goal >= 1.0)")

@@ -28,7 +28,9 @@ cache, then all responses against that cache's rows repeated per response (``sha
 Distinct prompts of one length run together, so neither pass needs padding inside the prompt; the
 response pass is right-padded at positions ``P..P+R-2`` and, as above, needs no attention mask.
 Response token 0 is predicted by the prompt pass's last hidden state, token ``t > 0`` by response
-position ``t - 1``. The result equals the full pass up to float rounding (tested within 1e-5).
+position ``t - 1``. The result equals the full pass up to float rounding: tested within 1e-5
+absolute plus 1e-5 relative (k3, whose error is the log ratio's times ``r``, within 3e-5
+relative); on SmolLM2-135M in fp32, log-probs of ~15 nats moved by at most 2e-5.
 """
 
 from __future__ import annotations
