@@ -19,12 +19,12 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gear_rl.agent.loop import GenerateFn
+from gear_rl.agent.loop import GenerateFn, append_tokens
 
 if TYPE_CHECKING:
     from gear_rl.envs.base import TextEnv
 
-__all__ = ["EnvEpisode", "chat_observation_ids", "run_env_episodes"]
+__all__ = ["EnvEpisode", "chat_observation_ids", "env_metrics", "run_env_episodes"]
 
 
 @dataclass
@@ -151,11 +151,7 @@ def run_env_episodes(
             text = tokenizer.decode(ids, skip_special_tokens=True)
             state = env.state_key
             result = env.step(text)
-            start = len(episode.response_ids)
-            episode.response_ids += ids
-            episode.loss_mask += [1] * len(ids)
-            episode.turn_ids += [turn] * len(ids)
-            episode.step_spans.append((start, len(episode.response_ids)))
+            episode.step_spans.append(append_tokens(episode, ids, turn, policy=True))
             episode.state_keys.append(state)
             episode.step_rewards.append(float(result.reward))
             episode.actions.append(result.info.get("action"))
@@ -171,11 +167,7 @@ def run_env_episodes(
             if len(episode.response_ids) + len(obs) >= max_response_tokens:
                 episode.finish_reason = "token_budget"
                 continue
-            start = len(episode.response_ids)
-            episode.response_ids += obs
-            episode.loss_mask += [0] * len(obs)
-            episode.turn_ids += [turn] * len(obs)
-            episode.observation_spans.append((start, len(episode.response_ids)))
+            append_tokens(episode, obs, turn, policy=False)
             still.append(i)
         active = still
     return episodes

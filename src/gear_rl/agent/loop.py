@@ -303,6 +303,20 @@ def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], fmt: ToolCallF
     return ids[:end], ended_by  # type: ignore[return-value]
 
 
+def append_tokens(record: Any, ids: Sequence[int], turn: int, *, policy: bool
+                  ) -> tuple[int, int]:
+    """Append ``ids`` to a trajectory-like ``record`` (``response_ids``, ``loss_mask``,
+    ``turn_ids``, ``observation_spans``): policy tokens get mask 1, observation tokens mask 0
+    and a recorded span. Returns the ``[start, end)`` of the appended tokens."""
+    start = len(record.response_ids)
+    record.response_ids += list(ids)
+    record.loss_mask += [1 if policy else 0] * len(ids)
+    record.turn_ids += [turn] * len(ids)
+    if not policy:
+        record.observation_spans.append((start, len(record.response_ids)))
+    return start, len(record.response_ids)
+
+
 def _observation_ids(content: str, fmt: ToolCallFormat, tokenizer: Any, cap: int,
                      marker: str) -> tuple[str, list[int]]:
     content_ids = tokenizer.encode(content, add_special_tokens=False)
@@ -366,9 +380,7 @@ def run_agent(
             parsed = parse_turn(text, fmt)
             record = TurnRecord(text=text, parsed=parsed, ended_by=ended_by)
             trajectory.turns.append(record)
-            trajectory.response_ids += ids
-            trajectory.loss_mask += [1] * len(ids)
-            trajectory.turn_ids += [turn] * len(ids)
+            append_tokens(trajectory, ids, turn, policy=True)
             if parsed.status == "none":
                 trajectory.finish_reason = "answer" if ended_by == "eos" else "length"
             elif parsed.status == "unterminated":
@@ -407,11 +419,7 @@ def run_agent(
                 trajectory.finish_reason = "token_budget"  # no room to answer after it
                 continue
             record.observation = text
-            start = len(trajectory.response_ids)
-            trajectory.response_ids += obs_ids
-            trajectory.loss_mask += [0] * len(obs_ids)
-            trajectory.turn_ids += [turn] * len(obs_ids)
-            trajectory.observation_spans.append((start, len(trajectory.response_ids)))
+            append_tokens(trajectory, obs_ids, turn, policy=False)
             active.append(i)
     for i in active:  # the loop ran out of turns right after an observation
         trajectories[i].finish_reason = "max_turns"
