@@ -170,7 +170,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as workdir:
         steps, trainer = bench_steps(args.overrides, args.steps, workdir)
         rollout = bench_rollout(trainer, args.generate_repeats)
-    result = {"overrides": args.overrides, "threads": torch.get_num_threads(),
+    result = {"overrides": args.overrides,
+              "threads": trainer.config.threads or torch.get_num_threads(),
               "load_average": os.getloadavg(), **steps, **rollout,
               "wall_s": time.perf_counter() - started}
     print(f"GEAR step {steps['gear_step_median_s']:.2f} s / GRPO step "
