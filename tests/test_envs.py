@@ -229,3 +229,13 @@ def test_textarena_adapter() -> None:
     assert len(keys) == 3  # seed 0: both moves change the board
     assert moves[-1].done and (moves[-1].info["truncated"] or moves[-1].info["success"])
     hash(env.state_key)
+
+
+def test_move_prompt_asks_for_one_word_or_a_tag() -> None:
+    word = SokobanEnv(SokobanConfig()).reset(3)
+    tag = SokobanEnv(SokobanConfig(move_prompt="tag")).reset(3)
+    assert word.endswith("Answer with one word: up, down, left or right.")
+    assert tag.endswith("inside <action></action>: up, down, left, right.")
+    assert word.split("Steps left")[0] == tag.split("Steps left")[0]  # same board
+    with pytest.raises(ValueError, match="move_prompt"):
+        SokobanConfig(move_prompt="json")
