@@ -261,6 +261,11 @@ def test_function_calling_stops_at_the_call(tokenizer):
     assert trajectory.final_text.endswith("</tool_call>")
     assert trajectory.turns[0].parsed.calls == (ToolCall("f", {"x": 1}),)
     assert trajectory.loss_mask == [1] * len(trajectory.response_ids)
+    metrics = rollout_metrics([trajectory])
+    # the call counts as made even though it is scored, not run
+    assert metrics["agent/tool_call_rate"] == 1.0
+    assert metrics["agent/tool_calls_per_trajectory"] == 1.0
+    assert metrics["agent/executed_calls_per_trajectory"] == 0.0
 
 
 def test_bad_arguments(tokenizer):

@@ -249,6 +249,12 @@ class Trajectory:
         return sum(len(t.outputs) for t in self.turns)
 
     @property
+    def num_calls_made(self) -> int:
+        """Well-formed calls the policy wrote, executed or not (``stop_after_tool_call`` and
+        the last allowed turn end the episode without running them)."""
+        return sum(len(t.parsed.calls) for t in self.turns)
+
+    @property
     def num_malformed_calls(self) -> int:
         """Turns whose call did not parse (malformed or unterminated)."""
         return sum(t.parsed.status in ("malformed", "unterminated") for t in self.turns)
@@ -438,7 +444,8 @@ def shaped_reward(task_reward: float, trajectory: Trajectory, config: AgentConfi
 
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Batch statistics for ``metrics.jsonl``: tool-call rate (fraction of trajectories with at
-    least one executed call), calls and turns per trajectory, the fraction of response tokens that
+    least one well-formed call, run or not), calls written and calls executed per trajectory,
+    turns per trajectory, the fraction of response tokens that
     are observations, malformed and unknown-tool call rates, and the share of each finish
     reason."""
     n = max(len(trajectories), 1)
@@ -446,8 +453,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     observation_tokens = sum(t.num_observation_tokens for t in trajectories)
     turns = sum(len(t.turns) for t in trajectories)
     metrics = {
-        "agent/tool_call_rate": sum(t.num_tool_calls > 0 for t in trajectories) / n,
-        "agent/tool_calls_per_trajectory": sum(t.num_tool_calls for t in trajectories) / n,
+        "agent/tool_call_rate": sum(t.num_calls_made > 0 for t in trajectories) / n,
+        "agent/tool_calls_per_trajectory": sum(t.num_calls_made for t in trajectories) / n,
+        "agent/executed_calls_per_trajectory": sum(t.num_tool_calls for t in trajectories) / n,
         "agent/turns_per_trajectory": turns / n,
         "agent/observation_token_fraction": observation_tokens / max(total_tokens, 1),
         "agent/malformed_call_rate": sum(t.num_malformed_calls for t in trajectories)
