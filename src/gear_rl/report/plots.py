@@ -84,11 +84,18 @@ def training_curves(run: RunData) -> tuple[list[Plot], list[str]]:
     plots: list[Plot] = []
     skipped: list[str] = []
 
-    figure, axes = _figure("Training reward", "mean reward")
-    if _line(axes, run, "reward_mean", "reward_mean"):
-        plots.append(Plot("reward", "Training reward over steps", figure))
-    else:
-        skipped.append("reward: no 'reward_mean' in metrics.jsonl")
+    def single(key: str, title: str, ylabel: str, name: str, caption: str, missing: str,
+               ylim: tuple[float, float] | None = None) -> None:
+        figure, axes = _figure(title, ylabel)
+        if _line(axes, run, key, key):
+            if ylim is not None:
+                axes.set_ylim(*ylim)
+            plots.append(Plot(name, caption, figure))
+        else:
+            skipped.append(f"{missing}: no {key!r} in metrics.jsonl")
+
+    single("reward_mean", "Training reward", "mean reward", "reward",
+           "Training reward over steps", "reward")
 
     figure, axes = _figure("Held-out accuracy", "held-out accuracy")
     drawn = [key for key in eval_keys(run.metrics) + eval_keys(run.metrics, "eval/pass@")
@@ -99,20 +106,11 @@ def training_curves(run: RunData) -> tuple[list[Plot], list[str]]:
     else:
         skipped.append("held-out accuracy: no 'eval/mean@K' in metrics.jsonl")
 
-    figure, axes = _figure("Policy entropy", "entropy (nats per policy token)")
-    if _line(axes, run, "entropy_mean", "entropy_mean"):
-        plots.append(Plot("entropy", "Mean policy entropy over steps", figure))
-    else:
-        skipped.append("entropy: no 'entropy_mean' in metrics.jsonl")
-
-    figure, axes = _figure("Tokens in segments", "fraction of policy tokens")
-    if _line(axes, run, "segment_frac", "segment_frac"):
-        axes.set_ylim(-0.02, 1.02)
-        plots.append(Plot("segments", "Fraction of policy tokens inside GEAR segments",
-                          figure))
-    else:
-        skipped.append("segment fraction: no 'segment_frac' in metrics.jsonl (the estimator "
-                       "does not segment)")
+    single("entropy_mean", "Policy entropy", "entropy (nats per policy token)", "entropy",
+           "Mean policy entropy over steps", "entropy")
+    single("segment_frac", "Tokens in segments", "fraction of policy tokens", "segments",
+           "Fraction of policy tokens inside GEAR segments",
+           "segment fraction (the estimator does not segment)", ylim=(-0.02, 1.02))
 
     figure, axes = _figure("Token weights", "token weight W")
     drawn_weights = False
