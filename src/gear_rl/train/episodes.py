@@ -69,7 +69,8 @@ class Rows:
             tasks (every token is the policy's).
         turn_ids: per row and token, the turn index (None for single-turn tasks).
         step_spans, state_keys, step_rewards: per row and step (environment tasks; agent tasks
-            have step spans only; None for single-turn tasks).
+            have step spans only, each turn's covering the observation that answers it; None
+            for single-turn tasks).
         metrics: batch statistics (tool-call rate, observation fraction, success rate...).
     """
 
@@ -96,19 +97,6 @@ def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: fl
                                 generator=generator, batch_size=batch_size).response_ids
 
     return generate
-
-
-def _step_spans(turn_ids: Sequence[int], mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of each turn's policy tokens."""
-    spans: list[tuple[int, int]] = []
-    for position, (turn, on) in enumerate(zip(turn_ids, mask, strict=True)):
-        if not on:
-            continue
-        if len(spans) == turn + 1:
-            spans[-1] = (spans[-1][0], position + 1)
-        else:
-            spans.append((position, position + 1))
-    return spans
 
 
 def collect(
@@ -162,7 +150,14 @@ def collect(
 
 def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                    sandbox) -> Rows:
-    from gear_rl.agent import AgentConfig, PythonExecutor, rollout_metrics, run_agent
+    from gear_rl.agent import (
+        AgentConfig,
+        PythonExecutor,
+        rollout_metrics,
+        run_agent,
+        trajectories_to_tensors,
+    )
+    from gear_rl.credit.steps import spans_from_step_ids
 
     spec = task.agent
     executor = None
@@ -186,7 +181,9 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
         rewards=[task.score(p, t) for p, t in zip(problems, texts, strict=True)],
         policy_masks=[t.loss_mask for t in trajectories],
         turn_ids=[t.turn_ids for t in trajectories],
-        step_spans=[_step_spans(t.turn_ids, t.loss_mask) for t in trajectories],
+        # a turn's span also covers the observation answering it; mask 0 keeps that at 0
+        step_spans=spans_from_step_ids(
+            trajectories_to_tensors(trajectories, pad_id=0)["turn_ids"]),
         metrics=rollout_metrics(trajectories))
 
 

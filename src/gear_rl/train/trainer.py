@@ -110,6 +110,18 @@ def agent_limits(config: TrainConfig, *, evaluation: bool = False) -> AgentLimit
                        max_observation_tokens=agent.max_observation_tokens)
 
 
+def task_sandbox(task: Task, config: TrainConfig):
+    """A :class:`~gear_rl.agent.tools.PythonSandbox` with ``config.agent``'s limits when
+    ``task`` runs Python tool calls, else None. The caller closes it."""
+    if task.agent is None or task.agent.tool != "python":
+        return None
+    from gear_rl.agent.tools import PythonSandbox
+
+    return PythonSandbox(workers=config.agent.sandbox_workers,
+                         timeout_s=config.agent.sandbox_timeout_s,
+                         memory_mb=config.agent.sandbox_memory_mb)
+
+
 def _derived_seed(*parts: int) -> int:
     value = 0x9E3779B97F4A7C15
     for part in parts:
@@ -212,17 +224,11 @@ class Trainer:
             eval_path=config.eval_data,
         )
         self.estimator = None if config.estimator == "opsd" else get_estimator(config.estimator)
-        self._check_task_estimator()
-        self.limits = agent_limits(config)
-        self.sandbox = None
-        if self.task.agent is not None and self.task.agent.tool == "python":
-            from gear_rl.agent.tools import PythonSandbox
-
-            self.sandbox = PythonSandbox(workers=config.agent.sandbox_workers,
-                                         timeout_s=config.agent.sandbox_timeout_s,
-                                         memory_mb=config.agent.sandbox_memory_mb)
         self.credit_config = (None if self.estimator is None
                               else self.estimator.make_config(**config.credit))
+        self._check_task_estimator()
+        self.limits = agent_limits(config)
+        self.sandbox = task_sandbox(self.task, config)
         self.distill = config.estimator == "opsd" or config.loss.opsd_coef > 0
         self.needs_teacher = self.distill or bool(self.estimator and self.estimator.needs)
         template = ({} if config.signals.answer_template is None
@@ -253,7 +259,7 @@ class Trainer:
             return
         from gear_rl.credit.steps.gear_steps import NEEDS_STATES
 
-        base = self.config.credit.get("base", "gigpo") if name == "gear_steps" else name
+        base = getattr(self.credit_config, "base", name)  # gear_steps: its base estimator
         if self.task.env is None and self.task.agent is None:
             raise ValueError(f"estimator {name!r} assigns credit per turn: use a multi-turn task "
                              "(an environment such as sokoban/keydoor, or tool-math)")
@@ -701,11 +707,8 @@ class Trainer:
             self.sampler, self.tokenizer, self.task, k=config.k, temperature=config.temperature,
             top_p=config.top_p, max_new_tokens=config.max_new_tokens, seed=config.seed,
             stop_ids=self.stop_ids, pad_id=self.pad_id, batch_size=config.batch_size,
-            limits=self._eval_limits(), sandbox=self.sandbox,
+            limits=agent_limits(self.config, evaluation=True), sandbox=self.sandbox,
         )
-
-    def _eval_limits(self) -> AgentLimits:
-        return agent_limits(self.config, evaluation=True)
 
     def _eval_record(self, step: int) -> dict[str, Any]:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -894,18 +897,14 @@ def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) ->
                      eval_path=config.eval_data)
     stops = stop_token_ids(tokenizer, model)
     pad = tokenizer.pad_token_id
-    agent = config.agent
     limits = agent_limits(config, evaluation=True)
-    with contextlib.ExitStack() as stack:
-        sandbox = None
-        if task.agent is not None and task.agent.tool == "python":
-            from gear_rl.agent.tools import PythonSandbox
-
-            sandbox = stack.enter_context(PythonSandbox(
-                workers=agent.sandbox_workers, timeout_s=agent.sandbox_timeout_s,
-                memory_mb=agent.sandbox_memory_mb))
+    sandbox = task_sandbox(task, config)
+    try:
         return evaluate(model, tokenizer, task, k=config.eval.k,
                         temperature=config.eval.temperature, top_p=config.eval.top_p,
                         max_new_tokens=config.eval.max_new_tokens, seed=config.eval.seed,
                         stop_ids=stops, pad_id=int(pad if pad is not None else stops[0]),
                         batch_size=config.eval.batch_size, limits=limits, sandbox=sandbox)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
