@@ -216,6 +216,28 @@ def check_step_inputs(
     return StepInputs(spans, rewards, keys, groups.tolist())
 
 
+def checked_method_inputs(
+    config: object,
+    config_cls: type,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    step_spans: Sequence[Sequence[tuple[int, int]]],
+    step_rewards: Sequence[Sequence[float]] | None,
+    state_keys: Sequence[Sequence[Hashable]] | None = None,
+    *,
+    require_states: bool = False,
+) -> StepInputs:
+    """The checks every step method's public functions run first: ``config`` is a
+    ``config_cls``, the outcomes are valid for ``mask``, and the step inputs are consistent
+    (:func:`check_step_inputs`)."""
+    if not isinstance(config, config_cls):
+        raise ValueError(f"config must be a {config_cls.__name__}, got {type(config).__name__}")
+    check_outcomes(rewards, mask)
+    return check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
+                             require_states=require_states)
+
+
 def step_inputs_from_extras(estimator: str, mask: torch.Tensor,
                             group_ids: Sequence[Hashable] | torch.Tensor,
                             extras: dict[str, Any], *, require_states: bool) -> StepInputs:

@@ -47,8 +47,7 @@ from gear_rl.credit.steps.common import (
     StepConfig,
     StepInputs,
     broadcast_steps,
-    check_outcomes,
-    check_step_inputs,
+    checked_method_inputs,
     gae,
     group_normalize,
     output_dtype,
@@ -214,11 +213,8 @@ def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor
              state_keys: Sequence[Sequence[Hashable]],
              step_rewards: Sequence[Sequence[float]] | None, config: GatedBEPOConfig
              ) -> tuple[StepInputs, list[list[float]]]:
-    if not isinstance(config, GatedBEPOConfig):
-        raise ValueError(f"config must be a GatedBEPOConfig, got {type(config).__name__}")
-    check_outcomes(rewards, mask)
-    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
-                              require_states=True)
+    steps = checked_method_inputs(config, GatedBEPOConfig, rewards, mask, group_ids, step_spans,
+                                  step_rewards, state_keys, require_states=True)
     return steps, gated_bepo_step_advantages_from_inputs(rewards, steps, group_ids, config)
 
 

@@ -41,8 +41,7 @@ from gear_rl.credit.steps.common import (
     StepConfig,
     StepInputs,
     broadcast_steps,
-    check_outcomes,
-    check_step_inputs,
+    checked_method_inputs,
     discounted_returns,
     group_normalize,
     output_dtype,
@@ -95,11 +94,8 @@ def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor
              state_keys: Sequence[Sequence[Hashable]],
              step_rewards: Sequence[Sequence[float]] | None, config: GiGPOConfig
              ) -> tuple[StepInputs, list[list[float]]]:
-    if not isinstance(config, GiGPOConfig):
-        raise ValueError(f"config must be a GiGPOConfig, got {type(config).__name__}")
-    check_outcomes(rewards, mask)
-    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
-                              require_states=True)
+    steps = checked_method_inputs(config, GiGPOConfig, rewards, mask, group_ids, step_spans,
+                                  step_rewards, state_keys, require_states=True)
     return steps, gigpo_step_advantages_from_inputs(rewards, steps, group_ids, config)
 
 

@@ -33,8 +33,7 @@ from gear_rl.credit.steps.common import (
     NORM_MODES,
     StepInputs,
     broadcast_steps,
-    check_outcomes,
-    check_step_inputs,
+    checked_method_inputs,
     group_normalize,
     output_dtype,
 )
@@ -94,10 +93,8 @@ def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor
              mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
              step_rewards: Sequence[Sequence[float]] | None, config: TurnLevelConfig
              ) -> tuple[StepInputs, list[list[float]]]:
-    if not isinstance(config, TurnLevelConfig):
-        raise ValueError(f"config must be a TurnLevelConfig, got {type(config).__name__}")
-    check_outcomes(rewards, mask)
-    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards)
+    steps = checked_method_inputs(config, TurnLevelConfig, rewards, mask, group_ids, step_spans,
+                                  step_rewards)
     return steps, turn_level_step_advantages_from_inputs(rewards, steps, group_ids, config)
 
 
