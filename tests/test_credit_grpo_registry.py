@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -11,9 +12,14 @@ from gear_rl.credit import (
     ESTIMATORS,
     CreditBatch,
     GEARConfig,
+    OutcomeConfig,
+    estimator_names,
     gear_advantages,
     get_estimator,
     grpo_advantages,
+    load_plugins,
+    register_estimator,
+    registry,
     rlsd_advantages,
     top_entropy_advantages,
 )
@@ -107,7 +113,7 @@ def synthetic_batch(rows: int = 8, length: int = 10) -> CreditBatch:
     )
 
 
-@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+@pytest.mark.parametrize("name", estimator_names(step_level=False))
 def test_every_estimator_runs_through_the_registry(name: str) -> None:
     batch = synthetic_batch()
     out = get_estimator(name)(batch)
@@ -118,6 +124,56 @@ def test_every_estimator_runs_through_the_registry(name: str) -> None:
                                  norm_by_std=name != "dr_grpo")
     # every method keeps the trajectory's sign on its tokens
     assert ((out * advantages[:, None]) >= 0).all()
+    if not get_estimator(name).uses_reward:
+        assert (out == 0).all()  # opsd: no credit, the distillation loss does the learning
+
+
+def test_declarations_say_what_each_estimator_is() -> None:
+    gear_family = {"gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
+                   "gear_entropy_window", "gear_steps"}
+    assert {n for n, e in ESTIMATORS.items() if e.segments} == gear_family
+    assert {n for n, e in ESTIMATORS.items() if e.needs_teacher} == (
+        gear_family | {"rlsd", "opsd"})
+    assert {n for n, e in ESTIMATORS.items() if not e.uses_reward} == {"opsd"}
+    assert {n for n, e in ESTIMATORS.items() if e.self_distillation} == {"opsd"}
+    assert get_estimator("top_entropy").needs == ("entropy",)
+    for name, estimator in ESTIMATORS.items():
+        assert estimator.description and estimator.paper, name
+        assert estimator.fn.__module__.startswith("gear_rl.credit."), name
+
+
+def test_register_twice_raises_and_bad_declarations_raise() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("gear", config=GEARConfig)(lambda batch, config: batch.mask)
+    with pytest.raises(ValueError, match="unknown needs"):
+        register_estimator("x_bad_needs", config=GEARConfig, needs=("logits",))
+    with pytest.raises(ValueError, match="fixed names field"):
+        register_estimator("x_bad_fixed", config=OutcomeConfig, fixed={"alpha": 1.0})
+    with pytest.raises(ValueError, match=r"unknown estimator 'nope'.*plugins"):
+        get_estimator("nope")
+    assert "x_bad_needs" not in ESTIMATORS and "x_bad_fixed" not in ESTIMATORS
+
+
+def test_plugin_module_registers_on_import(tmp_path, monkeypatch) -> None:
+    module = tmp_path / "gear_rl_test_plugin_credit.py"
+    module.write_text(
+        "import torch\n"
+        "from gear_rl.credit import OutcomeConfig, register_estimator, outcome_advantages\n"
+        "@register_estimator('half_grpo_test', config=OutcomeConfig, paper='test',\n"
+        "                    description='half of GRPO')\n"
+        "def half(batch, config):\n"
+        "    return 0.5 * outcome_advantages(batch, config)[:, None] * batch.mask\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_plugins(["gear_rl_test_plugin_credit"]) == ["half_grpo_test"]
+        batch = synthetic_batch()
+        torch.testing.assert_close(get_estimator("half_grpo_test")(batch),
+                                   0.5 * get_estimator("grpo")(batch))
+    finally:  # leave the process-wide registry as the other tests expect it
+        registry._REGISTRY.pop("half_grpo_test", None)
+        sys.modules.pop("gear_rl_test_plugin_credit", None)
+    with pytest.raises(ValueError, match="cannot import 'no_such_plugin_module'"):
+        load_plugins(["no_such_plugin_module"])
 
 
 def test_registry_matches_the_direct_calls() -> None:

@@ -11,13 +11,13 @@ import torch
 
 from gear_rl.credit import (
     ESTIMATORS,
-    STEP_ESTIMATORS,
     CreditBatch,
     GEARConfig,
     gear_advantages,
     get_estimator,
     grpo_advantages,
 )
+from gear_rl.credit.registry import estimator_names
 from gear_rl.credit.steps import (
     GAGPOConfig,
     GatedBEPOConfig,
@@ -26,13 +26,10 @@ from gear_rl.credit.steps import (
     TurnLevelConfig,
     bellman_graph,
     check_step_inputs,
-    gagpo_step_advantages,
-    gated_bepo_step_advantages,
     gear_steps_advantages,
-    gigpo_advantages,
-    gigpo_step_advantages,
+    per_step_advantages,
     spans_from_step_ids,
-    turn_level_step_advantages,
+    step_advantages,
 )
 from gear_rl.credit.steps.gated_bepo import END
 
@@ -78,10 +75,11 @@ def test_gigpo_hand_example_mean_norm() -> None:
     # Anchor groups: (p, A) = {0.5, 0, 0} -> [1/3, -1/6, -1/6]; (p, B) = {1, 0} -> [1/2, -1/2];
     # (p, C), (q, A), (q, D) singletons -> 0 (episode advantage alone).
     expected = [[1.0, 7 / 6], [-0.5, -1 / 3], [-0.5, -5 / 6], [0.5], [-0.5]]
-    per_step = gigpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=config)
+    per_step = per_step_advantages("gigpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                                   config=config)
     close(per_step, expected)
 
-    tokens = gigpo_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=config)
+    tokens = step_advantages("gigpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS, config=config)
     assert tokens.dtype == torch.float64
     assert tokens[0].tolist() == pytest.approx([1, 1, 0, 7 / 6, 7 / 6, 0, 0])
     assert (tokens[mask == 0] == 0).all()
@@ -101,15 +99,18 @@ def test_gigpo_mean_std_norm_and_omega() -> None:
         [episode[3]],
         [episode[4]],
     ]
-    close(gigpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=config), expected,
+    close(per_step_advantages("gigpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                              config=config), expected,
           tol=1e-5)
 
 
 def test_gigpo_groups_identical_states_only_within_a_prompt() -> None:
     mask, spans = layout([len(k) for k in KEYS])
     config = GiGPOConfig(gamma=0.5, step_norm="mean_norm", norm_by_std=False)
-    separate = gigpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=config)
-    merged = gigpo_step_advantages(OUTCOMES, ["p"] * 5, mask, spans, KEYS, config=config)
+    separate = per_step_advantages("gigpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                                   config=config)
+    merged = per_step_advantages("gigpo", OUTCOMES, ["p"] * 5, mask, spans, state_keys=KEYS,
+                                 config=config)
     assert separate[3] == [0.5]       # q's "A" has no partner in q: episode advantage only
     assert merged[3] != separate[3]   # one prompt group: it joins p's "A" group
 
@@ -119,8 +120,9 @@ def test_gigpo_step_rewards_without_outcome() -> None:
     # step rewards already include the outcome: returns p0 [0.5 * 1, 1], p1 [0, 0]
     config = GiGPOConfig(gamma=0.5, outcome_in_returns=False, step_norm="mean_norm",
                          norm_by_std=False, omega=2.0)
-    per_step = gigpo_step_advantages(torch.tensor([1.0, 0.0]), [0, 0], mask, spans,
-                                     [["s", "t"], ["s", "t"]], [[0.0, 1.0], [0.0, 0.0]], config)
+    per_step = per_step_advantages("gigpo", torch.tensor([1.0, 0.0]), [0, 0], mask, spans,
+                                   state_keys=[["s", "t"], ["s", "t"]],
+                                   step_rewards=[[0.0, 1.0], [0.0, 0.0]], config=config)
     close(per_step, [[0.5 + 2 * 0.25, 0.5 + 2 * 0.5], [-0.5 - 2 * 0.25, -0.5 - 2 * 0.5]])
 
 
@@ -132,16 +134,17 @@ def test_gagpo_hand_example() -> None:
     # p2 [1/12, -1/2]; q0 [1 - 1] = [0]; q1 [0].
     deltas = [[1 / 12, 0.5], [-1 / 6, 0.0], [1 / 12, -0.5], [0.0], [0.0]]
     lam0 = GAGPOConfig(gamma=0.5, lam=0.0, adv_norm="none")
-    close(gagpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=lam0), deltas)
+    close(per_step_advantages("gagpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                              config=lam0), deltas)
 
     # lam = 1 telescopes to G_k - V(s_k): p0 [0.5 - 1/6, 1/2], p2 [0 - 1/6, -1/2].
     lam1 = GAGPOConfig(gamma=0.5, lam=1.0, adv_norm="none")
-    close(gagpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=lam1),
+    close(per_step_advantages("gagpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS, config=lam1),
           [[1 / 3, 0.5], [-1 / 6, 0.0], [-1 / 6, -0.5], [0.0], [0.0]])
 
     # group normalisation over the six steps of p (q's steps are all 0 -> stay 0)
-    normed = gagpo_step_advantages(OUTCOMES, GROUPS, mask, spans, KEYS,
-                                   config=GAGPOConfig(gamma=0.5, lam=0.0))
+    normed = per_step_advantages("gagpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                                 config=GAGPOConfig(gamma=0.5, lam=0.0))
     flat = [d for row in deltas[:3] for d in row]
     mean, std = statistics.fmean(flat), statistics.stdev(flat)
     close(normed, [[(d - mean) / (std + 1e-6) for d in row] for row in deltas[:3]] + [[0.0], [0.0]])
@@ -171,28 +174,28 @@ def test_gated_bepo_hand_example_with_a_cycle() -> None:
     # Residuals: p0 [1/22 - 4/22, 1/11 - 1/11, 1/4 - 2/11, 1 - 1/2] = [-3/22, 0, 3/44, 1/2];
     # p1 [1/4 - 2/11, 0 - 1/2] = [3/44, -1/2]. q: A and B each have one successor: episode.
     lam0 = GatedBEPOConfig(gamma=0.5, lam=0.0, tol=1e-14)
-    close(gated_bepo_step_advantages(BEPO_OUTCOMES, BEPO_GROUPS, mask, spans, BEPO_KEYS,
-                                     config=lam0),
+    close(per_step_advantages("gated_bepo", BEPO_OUTCOMES, BEPO_GROUPS, mask, spans,
+                              state_keys=BEPO_KEYS, config=lam0),
           [[-3 / 22, episode[0], 3 / 44, 0.5], [3 / 44, -0.5], [episode[2]], [episode[3]]])
     # GAE with lam = 1 (gamma * lam = 1/2): p0 [-5/88, (gated), 7/22, 1/2] = G_k - V(s_k)
     lam1 = GatedBEPOConfig(gamma=0.5, lam=1.0, tol=1e-14)
-    close(gated_bepo_step_advantages(BEPO_OUTCOMES, BEPO_GROUPS, mask, spans, BEPO_KEYS,
-                                     config=lam1),
+    close(per_step_advantages("gated_bepo", BEPO_OUTCOMES, BEPO_GROUPS, mask, spans,
+                              state_keys=BEPO_KEYS, config=lam1),
           [[-5 / 88, episode[0], 7 / 22, 0.5], [3 / 44 - 0.25, -0.5], [episode[2]],
            [episode[3]]])
     # the gate off: B gets its own residual chain too
     ungated = GatedBEPOConfig(gamma=0.5, lam=0.0, tol=1e-14, min_successors=1)
-    assert gated_bepo_step_advantages(BEPO_OUTCOMES, BEPO_GROUPS, mask, spans, BEPO_KEYS,
-                                      config=ungated)[0][1] == pytest.approx(0.0)
+    assert per_step_advantages("gated_bepo", BEPO_OUTCOMES, BEPO_GROUPS, mask, spans,
+                               state_keys=BEPO_KEYS, config=ungated)[0][1] == pytest.approx(0.0)
 
 
 def test_gated_bepo_does_not_pool_across_prompts() -> None:
     mask, spans = layout([len(k) for k in BEPO_KEYS])
     config = GatedBEPOConfig(gamma=0.5, lam=0.0, tol=1e-14)
-    separate = gated_bepo_step_advantages(BEPO_OUTCOMES, BEPO_GROUPS, mask, spans, BEPO_KEYS,
-                                          config=config)
-    pooled = gated_bepo_step_advantages(BEPO_OUTCOMES, ["p"] * 4, mask, spans, BEPO_KEYS,
-                                        config=config)
+    separate = per_step_advantages("gated_bepo", BEPO_OUTCOMES, BEPO_GROUPS, mask, spans,
+                                   state_keys=BEPO_KEYS, config=config)
+    pooled = per_step_advantages("gated_bepo", BEPO_OUTCOMES, ["p"] * 4, mask, spans,
+                                 state_keys=BEPO_KEYS, config=config)
     assert pooled[0][0] != pytest.approx(separate[0][0])
 
 
@@ -217,11 +220,13 @@ def test_turn_level_hand_example() -> None:
     # Turn groups: (p, 0) {1, 0, 1} -> [1/3, -2/3, 1/3]; (p, 1) {0, 1, 1} -> [-2/3, 1/3, 1/3];
     # (p, 2) {0, 0} -> [0, 0]; (q, 0) alone -> 0.
     config = TurnLevelConfig(turn_norm="mean_norm", norm_by_std=False)
-    close(turn_level_step_advantages(outcomes, groups, mask, spans, turn_rewards, config),
+    close(per_step_advantages("turn_level", outcomes, groups, mask, spans, turn_rewards,
+                              config=config),
           [[1.0, 0.0, 2 / 3], [-1.0, -1 / 3], [0.0, 0.0, -1 / 3], [0.0]])
     combined = TurnLevelConfig(turn_norm="mean_norm", norm_by_std=False, last_turn="combined",
                                outcome_coef=0.5)
-    close(turn_level_step_advantages(outcomes, groups, mask, spans, turn_rewards, combined),
+    close(per_step_advantages("turn_level", outcomes, groups, mask, spans, turn_rewards,
+                              config=combined),
           [[1 / 3 + 1 / 3, -2 / 3 + 1 / 3, 1 / 3], [-2 / 3 - 1 / 6, 1 / 3 - 1 / 6],
            [1 / 3 - 1 / 6, 1 / 3 - 1 / 6, -1 / 6], [0.0]])
 
@@ -272,12 +277,15 @@ def _batch(**extras: object) -> CreditBatch:
                        extras={"step_spans": spans, "state_keys": KEYS, **extras})
 
 
-def test_step_estimators_are_registered_apart_from_token_estimators() -> None:
-    assert set(STEP_ESTIMATORS) == {"turn_level", "gigpo", "gagpo", "gated_bepo", "gear_steps"}
-    assert not set(STEP_ESTIMATORS) & set(ESTIMATORS)
+def test_step_estimators_are_declared_step_level() -> None:
+    assert set(estimator_names(step_level=True)) == {"turn_level", "gigpo", "gagpo",
+                                                      "gated_bepo", "gear_steps"}
+    assert all(ESTIMATORS[name].step_level for name in estimator_names(step_level=True))
+    assert get_estimator("gear_steps").requires_states(GearStepsConfig(base="gigpo"))
+    assert not get_estimator("gear_steps").requires_states(GearStepsConfig(base="turn_level"))
 
 
-@pytest.mark.parametrize("name", sorted(STEP_ESTIMATORS))
+@pytest.mark.parametrize("name", estimator_names(step_level=True))
 def test_registry_matches_direct_calls_and_names_missing_extras(name: str) -> None:
     batch = _batch()
     estimator = get_estimator(name)
@@ -286,8 +294,8 @@ def test_registry_matches_direct_calls_and_names_missing_extras(name: str) -> No
     assert torch.isfinite(out).all() and (out[batch.mask == 0] == 0).all()
     if name == "gigpo":
         config = estimator.make_config(gamma=0.5, omega=0.3)
-        direct = gigpo_advantages(batch.rewards, GROUPS, batch.mask, batch.extras["step_spans"],
-                                  KEYS, config=config)
+        direct = step_advantages("gigpo", batch.rewards, GROUPS, batch.mask,
+                                 batch.extras["step_spans"], state_keys=KEYS, config=config)
         torch.testing.assert_close(estimator(batch, config), direct)
     with pytest.raises(ValueError, match="step_spans"):
         estimator(CreditBatch(batch.rewards, GROUPS, batch.mask, batch.divergence,
@@ -330,7 +338,7 @@ def test_bad_inputs_raise_naming_the_argument(change, match: str) -> None:
             "state_keys": KEYS, "step_rewards": None}
     change(args)
     with pytest.raises(ValueError, match=match):
-        gigpo_advantages(**args)
+        step_advantages("gigpo", **args)
 
 
 def test_bad_configs_raise() -> None:
@@ -347,8 +355,9 @@ def test_bad_configs_raise() -> None:
     with pytest.raises(ValueError, match="base must be one of"):
         GearStepsConfig(base="ppo")
     mask, spans = layout([len(k) for k in KEYS])
-    with pytest.raises(ValueError, match="config must be a GiGPOConfig"):
-        gigpo_advantages(OUTCOMES, GROUPS, mask, spans, KEYS, config=GAGPOConfig())
+    with pytest.raises(ValueError, match="takes a GiGPOConfig"):
+        step_advantages("gigpo", OUTCOMES, GROUPS, mask, spans, state_keys=KEYS,
+                        config=GAGPOConfig())
 
 
 def test_spans_from_step_ids_and_missing_states() -> None:
@@ -377,7 +386,8 @@ def test_random_rollouts_finite_and_zero_off_policy(seed: int) -> None:
     batch = CreditBatch(rewards, groups, mask, divergence=divergence, entropy=entropy,
                         extras={"step_spans": spans, "state_keys": keys,
                                 "step_rewards": step_rewards})
-    for name, estimator in STEP_ESTIMATORS.items():
+    for name in estimator_names(step_level=True):
+        estimator = get_estimator(name)
         for gamma in (0.9, 1.0):
             overrides = {} if name == "turn_level" else {"gamma": gamma}
             if name == "gear_steps":

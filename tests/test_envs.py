@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from gear_rl.credit import STEP_ESTIMATORS, CreditBatch
+from gear_rl.credit import CreditBatch, estimator_names, get_estimator
 from gear_rl.envs import (
     KeyDoorConfig,
     KeyDoorEnv,
@@ -201,7 +201,8 @@ def test_keydoor_rollouts_feed_every_step_estimator() -> None:
                         entropy=torch.rand(mask.shape, generator=generator),
                         extras={"step_spans": spans, "state_keys": keys,
                                 "step_rewards": step_rewards})
-    for name, estimator in STEP_ESTIMATORS.items():
+    for name in estimator_names(step_level=True):
+        estimator = get_estimator(name)
         config = estimator.make_config(outcome_in_returns=False) if name in (
             "gigpo", "gagpo", "gated_bepo") else None
         out = estimator(batch, config)

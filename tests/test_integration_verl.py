@@ -24,7 +24,6 @@ from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 from verl.workers.utils.padding import response_from_nested  # noqa: E402
 
 from gear_rl.credit import (  # noqa: E402
-    ESTIMATORS,
     CreditBatch,
     GEARConfig,
     gear_advantages,
@@ -49,6 +48,7 @@ from gear_rl.integrations.verl import (  # noqa: E402
     provide_signals,
     settings_from_algorithm,
     signals_from_logprobs,
+    verl_estimator_names,
     verl_name,
 )
 
@@ -77,7 +77,7 @@ def _batch(seed: int = 0, groups: int = 6, max_len: int = 12):
 
 
 def test_plugin_names_are_registered_in_verl() -> None:
-    for name in ESTIMATORS:
+    for name in verl_estimator_names():
         assert verl_name(name) in core_algos.ADV_ESTIMATOR_REGISTRY
     assert verl_name("grpo") == "gear_rl_grpo"
     assert core_algos.get_adv_estimator_fn("grpo") is core_algos.compute_grpo_outcome_advantage
@@ -321,7 +321,7 @@ def _probe(env_extra: dict[str, str]) -> dict:
 @pytest.mark.slow
 def test_plain_import_verl_loads_the_plugin_in_a_fresh_process() -> None:
     """Entry points need gear-rl pip-installed (setup_venv.sh does `pip install -e .`)."""
-    expected = sorted(verl_name(n) for n in ESTIMATORS)
+    expected = sorted(verl_name(n) for n in verl_estimator_names())
     loaded = _probe({"VERL_USE_EXTERNAL_PLUGINS": "auto"})
     assert loaded["names"] == expected
     assert loaded["hooked"] and not loaded["v1_imported"]  # the heavy v1 trainer stays lazy

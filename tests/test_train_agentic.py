@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gear_rl.agent.env_loop import chat_observation_ids, run_env_episodes
-from gear_rl.credit import STEP_ESTIMATORS
+from gear_rl.credit import estimator_names
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.signals import prompt_ids
 from gear_rl.tasks import load_task
@@ -41,7 +41,7 @@ def records(trainer: Trainer, name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("env", ["sokoban", "keydoor"])
-@pytest.mark.parametrize("estimator", sorted(STEP_ESTIMATORS))
+@pytest.mark.parametrize("estimator", estimator_names(step_level=True))
 def test_step_estimators_train_on_environments(tmp_path, env: str, estimator: str) -> None:
     trainer = make_trainer(tmp_path, env, f"estimator={estimator}")
     before = [p.detach().clone() for p in trainer.model.parameters()]

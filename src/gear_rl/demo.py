@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from gear_rl.credit import (
-    ESTIMATORS,
     CreditBatch,
     GEARConfig,
     gear_segments,
     gear_weights,
+    get_estimator,
     grpo_advantages,
 )
+from gear_rl.credit.registry import estimator_names
 
 
 def synthetic_batch(batch: int, length: int, seed: int) -> CreditBatch:
@@ -48,7 +49,10 @@ def run_demo(seed: int = 0, batch: int = 8, length: int = 24) -> None:
     print("per-token advantage relative to GRPO's A_i, averaged over policy tokens:")
     print(f"{'estimator':<22}{'mean|Ahat|':>11}{'Ahat/A (A>0)':>14}{'Ahat/A (A<0)':>14}")
     policy = data.mask.bool()
-    for name, estimator in ESTIMATORS.items():
+    for name in estimator_names(step_level=False):
+        estimator = get_estimator(name)
+        if not estimator.uses_reward:
+            continue
         out = estimator(data)
         ratio = torch.where(policy, out / advantages[:, None].where(advantages[:, None] != 0,
                                                                      torch.ones(1)), 0.0)

@@ -1,23 +1,36 @@
 """Pure advantage estimators: tensors in, tensors out. No model, no I/O.
 
-One file per method, each citing its paper: ``grpo.py`` (GRPO, Dr.GRPO), ``gear.py`` (GEAR and
-its ablations via ``GEARConfig.segmentation``), ``segments.py`` (the scan: compiled kernel and
-reference), ``token.py`` (top-entropy mask, RLSD), ``steps/`` (turn/step-level methods for
-multi-turn agents: MT-GRPO, GiGPO, GAGPO, Gated-BEPO, GEAR over steps). ``registry.py`` maps
-names to estimators that all take a :class:`CreditBatch`: ``ESTIMATORS`` (token signals only)
-and ``STEP_ESTIMATORS`` (per-step inputs in ``CreditBatch.extras``).
+One file per method, each citing its paper and registering itself with
+:func:`register_estimator`: ``grpo.py`` (GRPO, Dr.GRPO), ``gear.py`` (GEAR and its ablations),
+``token.py`` (top-entropy mask, RLSD), ``opsd.py`` (self-distillation alone), ``steps/``
+(turn/step-level methods for multi-turn agents: MT-GRPO, GiGPO, GAGPO, Gated-BEPO, GEAR over
+steps). ``segments.py`` is GEAR's scan (compiled kernel and reference), ``diagnostics.py`` the
+credit health numbers every engine logs, ``registry.py`` the name -> :class:`Estimator` map
+(:data:`ESTIMATORS`, :func:`get_estimator`, :func:`load_plugins`). Every estimator takes a
+:class:`CreditBatch` and its config and returns ``[B, T]`` token-level advantages.
 """
 
 from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.config import GEARConfig, OutcomeConfig, RLSDConfig, TopEntropyConfig
+from gear_rl.credit.diagnostics import credit_diagnostics
 from gear_rl.credit.gear import (
     gear_advantages,
     gear_advantages_reference,
     gear_segments,
     gear_weights,
 )
-from gear_rl.credit.grpo import grpo_advantages
-from gear_rl.credit.registry import ESTIMATORS, STEP_ESTIMATORS, Estimator, get_estimator
+from gear_rl.credit.grpo import grpo_advantages, outcome_advantages
+from gear_rl.credit.opsd import OPSDConfig
+from gear_rl.credit.registry import (
+    ENTRY_POINT_GROUP,
+    ESTIMATORS,
+    SIGNAL_FIELDS,
+    Estimator,
+    estimator_names,
+    get_estimator,
+    load_plugins,
+    register_estimator,
+)
 from gear_rl.credit.steps import (
     STEP_EXTRAS,
     GAGPOConfig,
@@ -25,17 +38,17 @@ from gear_rl.credit.steps import (
     GearStepsConfig,
     GiGPOConfig,
     TurnLevelConfig,
-    gagpo_advantages,
-    gated_bepo_advantages,
     gear_steps_advantages,
-    gigpo_advantages,
-    turn_level_advantages,
+    per_step_advantages,
+    register_step_estimator,
+    step_advantages,
 )
 from gear_rl.credit.token import rlsd_advantages, top_entropy_advantages
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ESTIMATORS",
-    "STEP_ESTIMATORS",
+    "SIGNAL_FIELDS",
     "STEP_EXTRAS",
     "CreditBatch",
     "Estimator",
@@ -44,21 +57,26 @@ __all__ = [
     "GatedBEPOConfig",
     "GearStepsConfig",
     "GiGPOConfig",
+    "OPSDConfig",
     "OutcomeConfig",
     "RLSDConfig",
     "TopEntropyConfig",
     "TurnLevelConfig",
-    "gagpo_advantages",
-    "gated_bepo_advantages",
+    "credit_diagnostics",
+    "estimator_names",
     "gear_advantages",
     "gear_advantages_reference",
     "gear_segments",
     "gear_steps_advantages",
     "gear_weights",
     "get_estimator",
-    "gigpo_advantages",
     "grpo_advantages",
+    "load_plugins",
+    "outcome_advantages",
+    "per_step_advantages",
+    "register_estimator",
+    "register_step_estimator",
     "rlsd_advantages",
+    "step_advantages",
     "top_entropy_advantages",
-    "turn_level_advantages",
 ]

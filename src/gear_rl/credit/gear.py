@@ -24,7 +24,10 @@ import numpy as np
 import torch
 
 from gear_rl.credit._validate import check_batch_size, check_mask, check_tokens, check_vector
+from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.config import GEARConfig
+from gear_rl.credit.grpo import outcome_advantages
+from gear_rl.credit.registry import register_estimator
 from gear_rl.credit.segments import (
     NORMALIZE_CODES,
     OUTPUT_ADVANTAGES,
@@ -159,6 +162,31 @@ def gear_weights(
     the token-credit viewer.
     """
     return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_WEIGHTS)
+
+
+_GEAR_NEEDS = ("divergence", "entropy")
+_PAPER = "arXiv 2605.11853"
+
+
+@register_estimator("gear", config=GEARConfig, needs=_GEAR_NEEDS, segments=True, paper=_PAPER,
+                    description="GEAR: divergence/entropy segments, sign-aware weights")
+@register_estimator("gear_token_kl", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
+                    fixed={"segmentation": "none"}, paper=_PAPER,
+                    description="GEAR ablation: token-level KL weights, no segments")
+@register_estimator("gear_kl_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
+                    fixed={"segmentation": "kl_only"}, paper=_PAPER,
+                    description="GEAR ablation: segments from KL spikes only")
+@register_estimator("gear_entropy_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
+                    fixed={"segmentation": "entropy_only"}, paper=_PAPER,
+                    description="GEAR ablation: onsets from entropy spikes")
+@register_estimator("gear_entropy_window", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
+                    fixed={"segmentation": "entropy_window"}, paper=_PAPER,
+                    description="GEAR ablation: termination by a trailing mean-entropy window")
+def gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
+    """GEAR's ``[B, T]`` advantages on ``batch``: its GRPO advantage reshaped by
+    :func:`gear_advantages`."""
+    return gear_advantages(outcome_advantages(batch, config), batch.divergence, batch.entropy,
+                           batch.mask, config)
 
 
 def gear_advantages_reference(

@@ -15,7 +15,10 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from gear_rl.credit._validate import check_vector, group_index
+from gear_rl.credit._validate import check_mask, check_vector, group_index
+from gear_rl.credit.batch import CreditBatch
+from gear_rl.credit.config import OutcomeConfig
+from gear_rl.credit.registry import register_estimator
 
 
 def grpo_advantages(
@@ -59,3 +62,23 @@ def grpo_advantages(
         out = centred / (std[index] + eps)
     out = torch.where(count[index] > 1, out, torch.zeros_like(out))
     return out.to(rewards.dtype)
+
+
+def outcome_advantages(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+    """``[B]`` trajectory advantages of ``batch`` with ``config``'s ``norm_by_std`` and ``eps``:
+    the scalar every token-level method in this package starts from."""
+    return grpo_advantages(batch.rewards, batch.group_ids, norm_by_std=config.norm_by_std,
+                           eps=config.eps)
+
+
+@register_estimator("grpo", config=OutcomeConfig, fixed={"norm_by_std": True},
+                    paper="arXiv 2402.03300",
+                    description="GRPO: group-normalised outcome advantage on every token")
+@register_estimator("dr_grpo", config=OutcomeConfig, fixed={"norm_by_std": False},
+                    paper="arXiv 2503.20783",
+                    description="Dr.GRPO: group-centred outcome advantage, no std division")
+def broadcast_outcome(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+    """``[B, T]``: the trajectory advantage on each of its policy tokens, 0 elsewhere."""
+    check_mask(batch.mask)
+    advantages = outcome_advantages(batch, config)
+    return advantages[:, None] * batch.mask.to(advantages.dtype)

@@ -1,53 +1,117 @@
-"""The estimator registry: name -> a callable with one signature, ``estimator(batch, config)``.
+"""The estimator registry: every credit method declares itself where it is defined.
 
-Every estimator takes a :class:`~gear_rl.credit.batch.CreditBatch` and returns ``[B, T]``
-token-level advantages, 0 where ``batch.mask == 0``. ``estimator.needs`` names the signal fields
-it reads (the trainer runs the signal pass only when it is non-empty); ``estimator.config_cls``
-is its config dataclass; ``estimator.fixed`` are config fields the name pins (an ablation's
-``segmentation``), which a passed config may not contradict.
+A method file registers its function with :func:`register_estimator`, placed on the function::
+
+    @register_estimator("rlsd", config=RLSDConfig, needs=("student_logprobs", "teacher_logprobs"),
+                        description="RLSD: clipped teacher/student ratio token weights")
+    def rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor: ...
+
+The function takes a :class:`~gear_rl.credit.batch.CreditBatch` and its config and returns
+``[B, T]`` token-level advantages, 0 where ``batch.mask == 0``. The declaration says what the
+estimator is, and it is the only place that says it: the trainer, the config check, the report,
+verl and TRL read it (which signals to compute, whether segments exist, whether the task must be
+multi-turn, whether the reward enters the loss). Registering a name twice raises.
+
+Estimators defined outside this package register the same way; :func:`load_plugins` imports
+their modules (``gear-rl train plugins=my_pkg.my_credit``), and installed distributions can
+declare them under the entry-point group ``gear_rl.estimators`` (loaded on first lookup).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import importlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from gear_rl.credit._validate import check_batch_size, check_mask, check_vector
+from gear_rl.credit._validate import check_batch_size, check_mask
 from gear_rl.credit.batch import CreditBatch
-from gear_rl.credit.config import GEARConfig, OutcomeConfig, RLSDConfig, TopEntropyConfig
-from gear_rl.credit.gear import gear_advantages
-from gear_rl.credit.grpo import grpo_advantages
-from gear_rl.credit.steps import (
-    GAGPOConfig,
-    GatedBEPOConfig,
-    GearStepsConfig,
-    GiGPOConfig,
-    TurnLevelConfig,
-)
-from gear_rl.credit.steps.common import broadcast_steps, output_dtype, step_inputs_from_extras
-from gear_rl.credit.steps.gear_steps import NEEDS_STATES, base_step_advantages, gear_reweight
-from gear_rl.credit.token import rlsd_advantages, top_entropy_advantages
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ESTIMATORS",
+    "SIGNAL_FIELDS",
+    "Estimator",
+    "estimator_names",
+    "get_estimator",
+    "load_plugins",
+    "register_estimator",
+]
+
+logger = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "gear_rl.estimators"
+# The per-token signal fields of CreditBatch an estimator may declare in ``needs``.
+SIGNAL_FIELDS: tuple[str, ...] = ("divergence", "entropy", "student_logprobs",
+                                  "teacher_logprobs")
+# Signals computed from the ground-truth-conditioned teacher pass.
+TEACHER_FIELDS: frozenset[str] = frozenset({"divergence", "teacher_logprobs"})
 
 EstimatorFn = Callable[[CreditBatch, Any], torch.Tensor]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
 class Estimator:
-    """A registered credit estimator. Call it as ``estimator(batch, config=None)``."""
+    """A registered credit estimator. Call it as ``estimator(batch, config=None)``.
+
+    Attributes:
+        name: the registry name (``estimator=<name>`` in ``gear-rl train``).
+        fn: ``fn(batch, config) -> [B, T]`` advantages.
+        config_cls: its frozen config dataclass.
+        needs: the :data:`SIGNAL_FIELDS` it reads from the batch.
+        fixed: config fields the name pins (an ablation's ``segmentation``).
+        segments: whether it produces GEAR segments (its config is then a ``GEARConfig``, and
+            ``gear_segments(divergence, entropy, mask, config)`` gives them).
+        step_level: it assigns credit per turn and reads ``step_spans`` (and, where it
+            groups by state, ``state_keys``) from ``batch.extras``: multi-turn tasks only.
+        step_fn: for per-step methods, ``step_fn(outcomes [B], steps: StepInputs, config) -> B
+            lists of floats`` (what ``gear_steps`` builds on); implies ``step_level``.
+        needs_states: step-level methods that group by environment state need
+            ``extras["state_keys"]``; a callable decides from the config (``gear_steps``).
+        uses_reward: ``False`` when the outcome reward does not enter the loss (``opsd``).
+        self_distillation: the trainer adds the self-distillation loss (reverse KL to the
+            teacher) with weight ``loss.opsd_coef``, or 1 when that is 0.
+        paper: the method's paper (for tables and ``--help``).
+        description: one line.
+    """
 
     name: str
     fn: EstimatorFn
-    config_cls: type[OutcomeConfig]
+    config_cls: type
     needs: tuple[str, ...] = ()
     fixed: Mapping[str, Any] = field(default_factory=dict)
+    segments: bool = False
+    step_level: bool = False
+    step_fn: Callable[..., list[list[float]]] | None = None
+    needs_states: bool | Callable[[Any], bool] = False
+    uses_reward: bool = True
+    self_distillation: bool = False
+    paper: str = ""
     description: str = ""
 
-    def make_config(self, **overrides: Any) -> OutcomeConfig:
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether a run of it needs the teacher pass (teacher signals or self-distillation)."""
+        return bool(TEACHER_FIELDS & set(self.needs)) or self.self_distillation
+
+    def requires_states(self, config: Any | None = None) -> bool:
+        """Whether ``batch.extras["state_keys"]`` is needed with ``config``."""
+        if callable(self.needs_states):
+            return bool(self.needs_states(config if config is not None else self.make_config()))
+        return bool(self.needs_states)
+
+    def config_fields(self) -> dict[str, dataclasses.Field]:
+        """The settable config fields (pinned ones excluded), by name."""
+        return {f.name: f for f in dataclasses.fields(self.config_cls) if f.name not in self.fixed}
+
+    def make_config(self, **overrides: Any) -> Any:
         """This estimator's config with ``overrides``; unknown or pinned fields raise."""
         valid = {f.name for f in dataclasses.fields(self.config_cls)}
         unknown = sorted(set(overrides) - valid)
@@ -58,142 +122,134 @@ class Estimator:
         for key, value in overrides.items():
             if key in self.fixed and self.fixed[key] != value:
                 raise ValueError(
-                    f"estimator {self.name!r} pins {key}={self.fixed[key]!r}; got {value!r} "
-                    f"(use estimator 'gear' to choose {key} freely)"
+                    f"estimator {self.name!r} pins {key}={self.fixed[key]!r}; got {value!r}"
                 )
         return self.config_cls(**{**overrides, **self.fixed})
 
-    def __call__(self, batch: CreditBatch, config: OutcomeConfig | None = None) -> torch.Tensor:
-        """``[B, T]`` token-level advantages for ``batch`` (0 where ``batch.mask == 0``)."""
-        if not isinstance(batch, CreditBatch):
-            raise ValueError(f"batch must be a CreditBatch, got {type(batch).__name__}")
-        if config is None:
-            config = self.make_config()
-        elif not isinstance(config, self.config_cls):
+    def check_config(self, config: Any) -> Any:
+        """``config`` if it is this estimator's (right class, pinned fields as pinned)."""
+        if not isinstance(config, self.config_cls):
             raise ValueError(
                 f"estimator {self.name!r} takes a {self.config_cls.__name__}, "
                 f"got {type(config).__name__}"
             )
-        else:
-            for key, value in self.fixed.items():
-                if getattr(config, key) != value:
-                    raise ValueError(
-                        f"estimator {self.name!r} pins {key}={value!r}; config has "
-                        f"{key}={getattr(config, key)!r}"
-                    )
+        for key, value in self.fixed.items():
+            if getattr(config, key) != value:
+                raise ValueError(
+                    f"estimator {self.name!r} pins {key}={value!r}; config has "
+                    f"{key}={getattr(config, key)!r}"
+                )
+        return config
+
+    def __call__(self, batch: CreditBatch, config: Any | None = None) -> torch.Tensor:
+        """``[B, T]`` token-level advantages for ``batch`` (0 where ``batch.mask == 0``)."""
+        if not isinstance(batch, CreditBatch):
+            raise ValueError(f"batch must be a CreditBatch, got {type(batch).__name__}")
+        config = self.make_config() if config is None else self.check_config(config)
         batch.require(self.name, *self.needs)
         check_mask(batch.mask, values=False)
         check_batch_size("rewards", batch.rewards, batch.mask.shape[0])
         return self.fn(batch, config)
 
 
-def _outcome(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
-    """``[B]`` GRPO (or Dr.GRPO) trajectory advantages."""
-    return grpo_advantages(batch.rewards, batch.group_ids, norm_by_std=config.norm_by_std,
-                           eps=config.eps)
+_REGISTRY: dict[str, Estimator] = {}
+# Read-only, live view of every registered estimator (token-level and step-level).
+ESTIMATORS: Mapping[str, Estimator] = MappingProxyType(_REGISTRY)
 
 
-def _broadcast(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
-    check_mask(batch.mask)
-    advantages = _outcome(batch, config)  # floating: grpo_advantages rejects other rewards
-    return advantages[:, None] * batch.mask.to(advantages.dtype)
+def register_estimator(
+    name: str,
+    *,
+    config: type,
+    needs: Iterable[str] = (),
+    fixed: Mapping[str, Any] | None = None,
+    segments: bool = False,
+    step_level: bool = False,
+    step_fn: Callable[..., list[list[float]]] | None = None,
+    needs_states: bool | Callable[[Any], bool] = False,
+    uses_reward: bool = True,
+    self_distillation: bool = False,
+    paper: str = "",
+    description: str = "",
+) -> Callable[[F], F]:
+    """Register the decorated ``fn(batch, config) -> [B, T]`` as estimator ``name``.
+
+    Stack several decorators on one function to register variants (each with its own
+    ``fixed`` fields). Raises ``ValueError`` when ``name`` is taken, ``needs`` names an unknown
+    signal, ``config`` is not a dataclass, or ``fixed`` names a field ``config`` lacks.
+    """
+    needs = tuple(needs)
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"estimator name must be an identifier string, got {name!r}")
+    unknown = sorted(set(needs) - set(SIGNAL_FIELDS))
+    if unknown:
+        raise ValueError(f"estimator {name!r}: unknown needs {unknown}; valid: {SIGNAL_FIELDS}")
+    if not dataclasses.is_dataclass(config) or not isinstance(config, type):
+        raise ValueError(f"estimator {name!r}: config must be a dataclass type, got {config!r}")
+    pinned = dict(fixed or {})
+    missing = sorted(set(pinned) - {f.name for f in dataclasses.fields(config)})
+    if missing:
+        raise ValueError(f"estimator {name!r}: fixed names field(s) {missing} that "
+                         f"{config.__name__} does not have")
+
+    def decorator(fn: F) -> F:
+        if name in _REGISTRY:
+            raise ValueError(f"estimator {name!r} is already registered (by "
+                             f"{_REGISTRY[name].fn.__module__}.{_REGISTRY[name].fn.__qualname__})")
+        _REGISTRY[name] = Estimator(
+            name=name, fn=fn, config_cls=config, needs=needs,
+            fixed=MappingProxyType(pinned), segments=segments,
+            step_level=step_level or step_fn is not None, step_fn=step_fn,
+            needs_states=needs_states, uses_reward=uses_reward,
+            self_distillation=self_distillation, paper=paper, description=description)
+        return fn
+
+    return decorator
 
 
-def _gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
-    return gear_advantages(_outcome(batch, config), batch.divergence, batch.entropy, batch.mask,
-                           config)
+_entry_points_loaded = False
 
 
-def _top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
-    return top_entropy_advantages(_outcome(batch, config), batch.entropy, batch.mask,
-                                  rho=config.rho)
+def _load_entry_points() -> None:
+    """Import the modules of the ``gear_rl.estimators`` entry points once; a failing plugin is
+    reported as a warning, not a crash of every lookup."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            point.load()
+        except Exception as error:  # a broken third-party plugin must not hide the others
+            logger.warning("gear-rl estimator plugin %r (%s) failed to load: %s", point.name,
+                           point.value, error)
 
 
-def _rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
-    return rlsd_advantages(_outcome(batch, config), batch.student_logprobs,
-                           batch.teacher_logprobs, batch.mask, lam=config.lam, eps_w=config.eps_w)
-
-
-def _step_method(name: str) -> EstimatorFn:
-    """A registry function for the step estimator ``name`` (inputs in ``batch.extras``)."""
-    def run(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
-        check_vector("rewards", batch.rewards)
-        steps = step_inputs_from_extras(name, batch.mask, batch.group_ids, batch.extras,
-                                        require_states=name in NEEDS_STATES)
-        per_step = base_step_advantages(batch.rewards, steps, batch.group_ids, name, config)
-        return broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
-    return run
-
-
-def _gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:
-    check_vector("rewards", batch.rewards)
-    steps = step_inputs_from_extras("gear_steps", batch.mask, batch.group_ids, batch.extras,
-                                    require_states=config.base in NEEDS_STATES)
-    per_step = base_step_advantages(batch.rewards, steps, batch.group_ids, config.base,
-                                    config.resolved_base_config)
-    base = broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
-    return gear_reweight(base, batch.divergence, batch.entropy, batch.mask, config.gear_config())
-
-
-_GEAR_NEEDS = ("divergence", "entropy")
-
-
-def _gear_variant(name: str, segmentation: str, description: str) -> Estimator:
-    return Estimator(name, _gear, GEARConfig, _GEAR_NEEDS,
-                     MappingProxyType({"segmentation": segmentation}), description)
-
-
-ESTIMATORS: Mapping[str, Estimator] = MappingProxyType({
-    e.name: e for e in (
-        Estimator("grpo", _broadcast, OutcomeConfig, (), MappingProxyType({"norm_by_std": True}),
-                  "GRPO: group-normalised outcome advantage on every token"),
-        Estimator("dr_grpo", _broadcast, OutcomeConfig, (),
-                  MappingProxyType({"norm_by_std": False}),
-                  "Dr.GRPO: group-centred outcome advantage, no std division"),
-        Estimator("gear", _gear, GEARConfig, _GEAR_NEEDS, MappingProxyType({}),
-                  "GEAR: divergence/entropy segments, sign-aware weights (segmentation free)"),
-        _gear_variant("gear_token_kl", "none", "GEAR ablation: token-level KL weights"),
-        _gear_variant("gear_kl_only", "kl_only", "GEAR ablation: segments from KL spikes only"),
-        _gear_variant("gear_entropy_only", "entropy_only",
-                      "GEAR ablation: onsets from entropy spikes"),
-        _gear_variant("gear_entropy_window", "entropy_window",
-                      "GEAR ablation: termination by a trailing mean-entropy window"),
-        Estimator("top_entropy", _top_entropy, TopEntropyConfig, ("entropy",),
-                  MappingProxyType({}), "only the top-rho highest-entropy tokens keep A"),
-        Estimator("rlsd", _rlsd, RLSDConfig, ("student_logprobs", "teacher_logprobs"),
-                  MappingProxyType({}), "RLSD: clipped teacher/student ratio token weights"),
-    )
-})
-
-
-# Step-level methods for multi-turn agents. They read per-step inputs from ``batch.extras``
-# (``step_spans``, ``step_rewards`` optional, ``state_keys`` for all but ``turn_level``; see
-# ``gear_rl.credit.steps.STEP_EXTRAS``) and fail naming the missing keys. Kept apart from
-# ``ESTIMATORS``, whose members run on any batch of token signals; ``get_estimator`` finds both.
-STEP_ESTIMATORS: Mapping[str, Estimator] = MappingProxyType({
-    e.name: e for e in (
-        Estimator("turn_level", _step_method("turn_level"), TurnLevelConfig, (),
-                  MappingProxyType({}), "MT-GRPO: group-normalised turn rewards + outcome"),
-        Estimator("gigpo", _step_method("gigpo"), GiGPOConfig, (), MappingProxyType({}),
-                  "GiGPO: episode advantage + omega * anchor-state step advantage"),
-        Estimator("gagpo", _step_method("gagpo"), GAGPOConfig, (), MappingProxyType({}),
-                  "GAGPO: GAE over a grouped state-value proxy, group-normalised"),
-        Estimator("gated_bepo", _step_method("gated_bepo"), GatedBEPOConfig, (),
-                  MappingProxyType({}),
-                  "Gated-BEPO: Bellman backups on the rollout graph, gated at branching states"),
-        Estimator("gear_steps", _gear_steps, GearStepsConfig, _GEAR_NEEDS, MappingProxyType({}),
-                  "GEAR token weights over a step-level advantage (base: gigpo by default)"),
-    )
-})
+def load_plugins(modules: Iterable[str]) -> list[str]:
+    """Import each module in ``modules`` (each registers its estimators on import); returns
+    the names registered by them. An import error names the module."""
+    before = set(_REGISTRY)
+    for module in modules:
+        if not isinstance(module, str) or not module.strip():
+            raise ValueError(f"plugins: module names must be non-empty strings, got {module!r}")
+        try:
+            importlib.import_module(module.strip())
+        except ImportError as error:
+            raise ValueError(f"plugins: cannot import {module!r}: {error}") from error
+    return sorted(set(_REGISTRY) - before)
 
 
 def get_estimator(name: str) -> Estimator:
-    """The registered estimator called ``name`` (token-level or step-level); unknown names raise
-    listing the valid ones."""
-    try:
-        return ESTIMATORS[name] if name in ESTIMATORS else STEP_ESTIMATORS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown estimator {name!r}; registered: "
-            f"{sorted(ESTIMATORS)}, step-level: {sorted(STEP_ESTIMATORS)}"
-        ) from None
+    """The registered estimator called ``name``; unknown names raise listing the valid ones."""
+    _load_entry_points()
+    if isinstance(name, str) and name in _REGISTRY:
+        return _REGISTRY[name]
+    raise ValueError(f"unknown estimator {name!r}; registered: {sorted(_REGISTRY)} (an estimator "
+                     "from another module needs plugins=<module>)")
+
+
+def estimator_names(*, step_level: bool | None = None) -> list[str]:
+    """Sorted registered names (``step_level``: only step-level ones, or only token-level)."""
+    _load_entry_points()
+    return sorted(n for n, e in _REGISTRY.items()
+                  if step_level is None or e.step_level == step_level)

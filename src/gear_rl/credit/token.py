@@ -18,6 +18,10 @@ import math
 import torch
 
 from gear_rl.credit._validate import check_batch_size, check_mask, check_tokens, check_vector
+from gear_rl.credit.batch import CreditBatch
+from gear_rl.credit.config import RLSDConfig, TopEntropyConfig
+from gear_rl.credit.grpo import outcome_advantages
+from gear_rl.credit.registry import register_estimator
 
 
 def top_entropy_advantages(
@@ -86,3 +90,22 @@ def rlsd_advantages(
     # clamp before exp: beyond +-20 nats the clip decides anyway, and exp never overflows
     ratio = torch.exp((torch.sign(a) * gap).clamp(-20.0, 20.0)).clamp(1.0 - eps_w, 1.0 + eps_w)
     return a * ((1.0 - lam) + lam * ratio) * mask.to(dtype)
+
+
+@register_estimator("top_entropy", config=TopEntropyConfig, needs=("entropy",),
+                    paper="arXiv 2506.01939",
+                    description="only the top-rho highest-entropy tokens keep A")
+def top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
+    """:func:`top_entropy_advantages` on ``batch``'s GRPO advantage."""
+    return top_entropy_advantages(outcome_advantages(batch, config), batch.entropy, batch.mask,
+                                  rho=config.rho)
+
+
+@register_estimator("rlsd", config=RLSDConfig, needs=("student_logprobs", "teacher_logprobs"),
+                    paper="arXiv 2604.03128",
+                    description="RLSD: clipped teacher/student ratio token weights")
+def rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
+    """:func:`rlsd_advantages` on ``batch``'s GRPO advantage."""
+    return rlsd_advantages(outcome_advantages(batch, config), batch.student_logprobs,
+                           batch.teacher_logprobs, batch.mask, lam=config.lam,
+                           eps_w=config.eps_w)

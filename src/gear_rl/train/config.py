@@ -219,8 +219,10 @@ class TrainConfig:
         instruction: text appended to every reasoning-gym question.
         eval_data: held-out file for a dataset-file task (None: hold out part of ``task``).
         train_size: training problems to generate (reasoning-gym) or keep (files).
-        estimator: a credit estimator name from ``gear_rl.credit.ESTIMATORS``, or ``opsd``
-            (self-distillation only: no reward in the loss).
+        estimator: a registered credit estimator (``gear_rl.credit.ESTIMATORS``; ``opsd`` is
+            self-distillation alone, with no reward in the loss).
+        plugins: modules imported before the estimator is looked up, each registering its own
+            estimators (``plugins=[my_pkg.my_credit]``).
         credit: the estimator's config fields (e.g. ``credit.lambda_kl=0.2``).
         steps: training steps (one rollout batch and its updates each).
         seed: training seed (data order, sampling, tiny-model init).
@@ -239,6 +241,7 @@ class TrainConfig:
     eval_data: str | None = None
     train_size: int = 2000
     estimator: str = "gear"
+    plugins: list[str] = field(default_factory=list)
     credit: dict[str, Any] = field(default_factory=dict)
     steps: int = 10
     seed: int = 0
@@ -257,18 +260,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
-        from gear_rl.credit import ESTIMATORS, STEP_ESTIMATORS
+        from gear_rl.credit import get_estimator, load_plugins
 
-        known = {**ESTIMATORS, **STEP_ESTIMATORS}
-        if self.estimator != "opsd" and self.estimator not in known:
-            raise ValueError(
-                f"estimator: unknown {self.estimator!r}; choose from "
-                f"{sorted([*known, 'opsd'])}"
-            )
-        if self.estimator != "opsd":
-            known[self.estimator].make_config(**self.credit)  # raises on unknown fields
-        elif self.credit:
-            raise ValueError("credit: estimator 'opsd' takes no credit config")
+        load_plugins(self.plugins)
+        estimator = get_estimator(self.estimator)  # unknown names raise listing the valid ones
+        estimator.make_config(**self.credit)  # raises on unknown or pinned fields
         positive = {
             "steps": self.steps, "train_size": self.train_size,
             "rollout.prompts_per_step": self.rollout.prompts_per_step,
@@ -330,7 +326,7 @@ class TrainConfig:
         for name, (value, allowed) in choices.items():
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
-        distills = self.estimator == "opsd" or self.loss.opsd_coef > 0
+        distills = estimator.self_distillation or self.loss.opsd_coef > 0
         if distills and self.signals.divergence not in ("full", "topk"):
             # The distillation loss differentiates the per-token divergence; the sampled-token
             # estimators k1/k3 have no useful gradient (k1's is zero in expectation on-policy).
@@ -397,6 +393,12 @@ def _coerce(key: str, value: Any, hint: Any) -> Any:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ValueError(f"{key} must be a string, got {value!r}")
+    if origin is list or hint is list:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{key} must be a list of strings, got {value!r}")
+        return list(value)
     if origin is dict or hint is dict:
         if not isinstance(value, Mapping):
             raise ValueError(f"{key} must be a mapping, got {value!r}")

@@ -42,13 +42,8 @@ import numpy as np
 import torch
 import yaml
 
-from gear_rl.credit import (
-    STEP_ESTIMATORS,
-    CreditBatch,
-    gear_segments,
-    get_estimator,
-    grpo_advantages,
-)
+from gear_rl.credit import CreditBatch, credit_diagnostics, gear_segments, get_estimator
+from gear_rl.credit.diagnostics import reference_outcome, token_weights
 from gear_rl.signals import (
     TeacherPromptConfig,
     response_logprobs,
@@ -70,10 +65,6 @@ from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
 from gear_rl.train.rollout import stop_token_ids
 
 __all__ = ["Trainer", "bf16_is_native", "resolve_device", "train"]
-
-_GEAR_SEGMENTED = ("gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
-                   "gear_entropy_window")
-
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu; anything else as given."""
@@ -223,14 +214,13 @@ class Trainer:
             eval_size=config.eval.size, seed=0, instruction=config.instruction,
             eval_path=config.eval_data,
         )
-        self.estimator = None if config.estimator == "opsd" else get_estimator(config.estimator)
-        self.credit_config = (None if self.estimator is None
-                              else self.estimator.make_config(**config.credit))
+        self.estimator = get_estimator(config.estimator)
+        self.credit_config = self.estimator.make_config(**config.credit)
         self._check_task_estimator()
         self.limits = agent_limits(config)
         self.sandbox = task_sandbox(self.task, config)
-        self.distill = config.estimator == "opsd" or config.loss.opsd_coef > 0
-        self.needs_teacher = self.distill or bool(self.estimator and self.estimator.needs)
+        self.distill = self.estimator.self_distillation or config.loss.opsd_coef > 0
+        self.needs_teacher = self.distill or self.estimator.needs_teacher
         template = ({} if config.signals.answer_template is None
                     else {"answer_template": config.signals.answer_template})
         self.teacher_config = TeacherPromptConfig(placement=config.signals.placement, **template)
@@ -255,15 +245,12 @@ class Trainer:
         """Step-level estimators need turns (agent or environment tasks); all but
         ``turn_level`` also need state keys (environment tasks)."""
         name = self.config.estimator
-        if name not in STEP_ESTIMATORS:
+        if not self.estimator.step_level:
             return
-        from gear_rl.credit.steps.gear_steps import NEEDS_STATES
-
-        base = getattr(self.credit_config, "base", name)  # gear_steps: its base estimator
         if self.task.env is None and self.task.agent is None:
             raise ValueError(f"estimator {name!r} assigns credit per turn: use a multi-turn task "
                              "(an environment such as sokoban/keydoor, or tool-math)")
-        if self.task.env is None and base in NEEDS_STATES:
+        if self.task.env is None and self.estimator.requires_states(self.credit_config):
             raise ValueError(f"estimator {name!r} groups steps by environment state: use an "
                              "environment task (sokoban, keydoor); tool tasks have turns only "
                              "(estimator=turn_level)")
@@ -466,18 +453,18 @@ class Trainer:
         for name, values in parts.items():
             setattr(batch, name, torch.cat(values))
 
-    def credit(self, batch: StepBatch) -> None:
-        """Token-level advantages from the registry estimator (zeros for ``opsd``)."""
-        if self.estimator is None:
-            batch.advantages = torch.zeros_like(batch.old_logprobs)
-            return
-        credit_batch = CreditBatch(
+    @staticmethod
+    def _credit_batch(batch: StepBatch) -> CreditBatch:
+        return CreditBatch(
             rewards=batch.rewards.to(batch.mask.device), group_ids=batch.group_ids,
             mask=batch.mask, divergence=batch.divergence, entropy=batch.entropy,
             student_logprobs=batch.old_logprobs, teacher_logprobs=batch.teacher_logprobs,
             extras=batch.extras or {},
         )
-        batch.advantages = self.estimator(credit_batch, self.credit_config).float()
+
+    def credit(self, batch: StepBatch) -> None:
+        """Token-level advantages from the registry estimator."""
+        batch.advantages = self.estimator(self._credit_batch(batch), self.credit_config).float()
 
     def update(self, batch: StepBatch, step: int) -> dict[str, float]:
         """``loss.epochs`` x ``loss.minibatches`` AdamW steps on ``batch``."""
@@ -555,7 +542,7 @@ class Trainer:
         zero = logprobs.sum() * 0.0
         parts = {"pg_loss": zero, "kl_loss": zero, "opsd_loss": zero}
         stats = None
-        if self.estimator is not None:
+        if self.estimator.uses_reward:
             parts["pg_loss"], stats = ppo_policy_loss(
                 logprobs, batch.old_logprobs[rows, :length], batch.advantages[rows, :length],
                 mask, clip_low=config.loss.clip_low, clip_high=config.loss.clip_high,
@@ -571,7 +558,7 @@ class Trainer:
                                            num_seqs=num_seqs, num_tokens=num_tokens,
                                            horizon=agg["horizon"])
         opsd_weight = config.loss.opsd_coef
-        if self.estimator is None and opsd_weight == 0:
+        if self.estimator.self_distillation and opsd_weight == 0:
             opsd_weight = 1.0
         loss = (parts["pg_loss"] + config.loss.kl_coef * parts["kl_loss"]
                 + opsd_weight * parts["opsd_loss"])
@@ -592,10 +579,7 @@ class Trainer:
             "response_len": float(lengths.mean()),
             "truncated": 1.0 - sum(batch.finished) / len(batch.finished),
             "entropy_mean": float((batch.entropy * mask).sum() / tokens),
-            "adv_abs_mean": float((batch.advantages.abs() * mask).sum() / tokens),
         }
-        if batch.divergence is not None:
-            out["divergence_mean"] = float((batch.divergence * mask).sum() / tokens)
         if batch.ref_logprobs is not None:
             out["ref_kl"] = float(((batch.old_logprobs - batch.ref_logprobs) * mask).sum()
                                   / tokens)
@@ -604,38 +588,18 @@ class Trainer:
         return out
 
     def _weights(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([B] trajectory advantage A, [B, T] token weight W = Ahat / A)`` (W = 0 where A =
-        0 or mask = 0)."""
-        norm = getattr(self.credit_config, "norm_by_std", True)
-        eps = getattr(self.credit_config, "eps", 1e-6)
-        scalar = grpo_advantages(batch.rewards.to(batch.mask.device), batch.group_ids,
-                                 norm_by_std=norm, eps=eps).float()
-        safe = torch.where(scalar == 0, torch.ones_like(scalar), scalar)
-        weights = torch.where((scalar != 0)[:, None] & (batch.mask > 0),
-                              batch.advantages / safe[:, None], torch.zeros_like(batch.mask))
-        return scalar, weights
+        """``([B] trajectory advantage A, [B, T] token weight W = Ahat / A)``."""
+        scalar = reference_outcome(self._credit_batch(batch), self.credit_config).float()
+        return scalar, token_weights(scalar, batch.advantages, batch.mask)
 
     def _segments(self, batch: StepBatch) -> torch.Tensor | None:
-        if self.config.estimator not in _GEAR_SEGMENTED or batch.divergence is None:
+        if not self.estimator.segments or batch.divergence is None:
             return None
         return gear_segments(batch.divergence, batch.entropy, batch.mask, self.credit_config)
 
     def _credit_metrics(self, batch: StepBatch) -> dict[str, float]:
-        if self.estimator is None:
-            return {}
-        scalar, weights = self._weights(batch)
-        out = {}
-        for sign, name in ((1, "weight_mean_pos"), (-1, "weight_mean_neg")):
-            rows = (scalar * sign > 0)[:, None] & (batch.mask > 0)
-            if bool(rows.any()):
-                out[name] = float(weights[rows].mean())
-        segments = self._segments(batch)
-        if segments is not None:
-            on = batch.mask > 0
-            out["segment_frac"] = float(((segments >= 0) & on).sum() / on.sum().clamp(min=1))
-            onsets = (segments == torch.arange(segments.shape[1], device=segments.device))
-            out["segments_per_response"] = float((onsets & on).sum() / on.shape[0])
-        return out
+        return credit_diagnostics(self.estimator, self.credit_config, self._credit_batch(batch),
+                                  batch.advantages)
 
     def samples(self, batch: StepBatch, step: int) -> list[dict[str, Any]]:
         """A few trajectories with their per-token signals (for the report's token viewer):
@@ -651,8 +615,9 @@ class Trainer:
             if float(rewards.max()) > float(rewards.min()):
                 chosen += [rows[int(rewards.argmax())], rows[int(rewards.argmin())]]
         chosen += [i for i in range(len(batch.response_ids)) if i not in chosen]
-        scalar, weights = (self._weights(batch) if self.estimator is not None
-                           else (torch.zeros(len(chosen)), None))
+        scalar, weights = self._weights(batch)
+        if not self.estimator.uses_reward:
+            weights = None
         segments = self._segments(batch)
         out = []
         for row in chosen[:count]:

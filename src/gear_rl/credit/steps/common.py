@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gear_rl.credit._validate import check_mask, check_vector, group_index
+from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.config import OutcomeConfig, _finite
+from gear_rl.credit.registry import estimator_names, get_estimator, register_estimator
 
 __all__ = [
     "NORM_MODES",
@@ -45,7 +47,10 @@ __all__ = [
     "gae",
     "group_normalize",
     "output_dtype",
+    "per_step_advantages",
+    "register_step_estimator",
     "spans_from_step_ids",
+    "step_advantages",
     "step_inputs_from_extras",
 ]
 
@@ -216,28 +221,6 @@ def check_step_inputs(
     return StepInputs(spans, rewards, keys, groups.tolist())
 
 
-def checked_method_inputs(
-    config: object,
-    config_cls: type,
-    rewards: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    step_rewards: Sequence[Sequence[float]] | None,
-    state_keys: Sequence[Sequence[Hashable]] | None = None,
-    *,
-    require_states: bool = False,
-) -> StepInputs:
-    """The checks every step method's public functions run first: ``config`` is a
-    ``config_cls``, the outcomes are valid for ``mask``, and the step inputs are consistent
-    (:func:`check_step_inputs`)."""
-    if not isinstance(config, config_cls):
-        raise ValueError(f"config must be a {config_cls.__name__}, got {type(config).__name__}")
-    check_outcomes(rewards, mask)
-    return check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
-                             require_states=require_states)
-
-
 def step_inputs_from_extras(estimator: str, mask: torch.Tensor,
                             group_ids: Sequence[Hashable] | torch.Tensor,
                             extras: dict[str, Any], *, require_states: bool) -> StepInputs:
@@ -251,6 +234,97 @@ def step_inputs_from_extras(estimator: str, mask: torch.Tensor,
         )
     return check_step_inputs(mask, group_ids, extras["step_spans"], extras.get("step_rewards"),
                              extras.get("state_keys"), require_states=require_states)
+
+
+StepFn = Callable[[torch.Tensor, StepInputs, Any], list[list[float]]]
+
+
+def register_step_estimator(name: str, *, config: type, needs_states: bool, paper: str = "",
+                            description: str = "") -> Callable[[StepFn], StepFn]:
+    """Register the decorated per-step function ``fn(outcomes [B], steps, config) -> B lists of
+    per-step advantages`` as the step-level estimator ``name``.
+
+    The registry gets a token-level wrapper: it reads and checks the step inputs from
+    ``batch.extras`` (keys :data:`STEP_EXTRAS`; ``state_keys`` required when
+    ``needs_states``), runs ``fn`` and broadcasts each step's value onto its policy tokens.
+    """
+    def decorator(fn: StepFn) -> StepFn:
+        def token_level(batch: CreditBatch, cfg: Any) -> torch.Tensor:
+            check_vector("rewards", batch.rewards)
+            steps = step_inputs_from_extras(name, batch.mask, batch.group_ids, batch.extras,
+                                            require_states=needs_states)
+            return broadcast_steps(fn(batch.rewards, steps, cfg), steps.spans, batch.mask,
+                                   output_dtype(batch.rewards))
+
+        token_level.__qualname__ = f"{fn.__qualname__}[token_level]"
+        token_level.__module__ = fn.__module__
+        register_estimator(name, config=config, step_fn=fn, needs_states=needs_states,
+                           paper=paper, description=description)(token_level)
+        return fn
+
+    return decorator
+
+
+def _checked_run(name: str, rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
+                 mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
+                 step_rewards: Sequence[Sequence[float]] | None,
+                 state_keys: Sequence[Sequence[Hashable]] | None,
+                 config: Any | None) -> tuple[StepInputs, list[list[float]]]:
+    estimator = get_estimator(name)
+    if estimator.step_fn is None:
+        raise ValueError(f"estimator {name!r} is not a per-step estimator; step-level: "
+                         f"{estimator_names(step_level=True)}")
+    config = estimator.make_config() if config is None else estimator.check_config(config)
+    check_outcomes(rewards, mask)
+    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
+                              require_states=estimator.requires_states(config))
+    return steps, estimator.step_fn(rewards, steps, config)
+
+
+def per_step_advantages(
+    name: str,
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    mask: torch.Tensor,
+    step_spans: Sequence[Sequence[tuple[int, int]]],
+    step_rewards: Sequence[Sequence[float]] | None = None,
+    state_keys: Sequence[Sequence[Hashable]] | None = None,
+    config: Any | None = None,
+) -> list[list[float]]:
+    """Per-step advantages of the step-level estimator ``name``: ``B`` lists, one float per step.
+
+    Args:
+        name: a registered step-level estimator (``turn_level``, ``gigpo``, ``gagpo``,
+            ``gated_bepo``, or one from a plugin).
+        rewards: ``[B]`` outcome reward per trajectory (finite, floating).
+        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
+        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
+        step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
+        step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
+        state_keys: ``B`` lists of hashable keys of the state each step acted in (required by
+            the methods that group by state: all but ``turn_level``).
+        config: the estimator's config (``None``: its defaults).
+    """
+    return _checked_run(name, rewards, group_ids, mask, step_spans, step_rewards, state_keys,
+                        config)[1]
+
+
+def step_advantages(
+    name: str,
+    rewards: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    mask: torch.Tensor,
+    step_spans: Sequence[Sequence[tuple[int, int]]],
+    step_rewards: Sequence[Sequence[float]] | None = None,
+    state_keys: Sequence[Sequence[Hashable]] | None = None,
+    config: Any | None = None,
+) -> torch.Tensor:
+    """``[B, T]`` token-level advantages of the step-level estimator ``name`` (args as in
+    :func:`per_step_advantages`): each step's value on its policy tokens, 0 where
+    ``mask == 0``; float64 if ``rewards`` is, else float32."""
+    steps, values = _checked_run(name, rewards, group_ids, mask, step_spans, step_rewards,
+                                 state_keys, config)
+    return broadcast_steps(values, steps.spans, mask, output_dtype(rewards))
 
 
 def spans_from_step_ids(step_ids: torch.Tensor) -> list[list[tuple[int, int]]]:

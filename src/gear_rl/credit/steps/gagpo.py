@@ -29,7 +29,7 @@ Choices the paper leaves open (knobs of :class:`GAGPOConfig`, or stated here):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -39,12 +39,10 @@ from gear_rl.credit.steps.common import (
     NORM_MODES,
     StepConfig,
     StepInputs,
-    broadcast_steps,
-    checked_method_inputs,
     discounted_returns,
     gae,
     group_normalize,
-    output_dtype,
+    register_step_estimator,
 )
 
 ADV_NORM_MODES = (*NORM_MODES, "none")
@@ -86,8 +84,12 @@ def gagpo_values(steps: StepInputs, stream: list[list[float]], gamma: float
             for b, keys in enumerate(steps.state_keys)]
 
 
-def gagpo_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
-                                      config: GAGPOConfig) -> list[list[float]]:
+@register_step_estimator("gagpo", config=GAGPOConfig, needs_states=True,
+                         paper="arXiv 2605.13217",
+                         description="GAGPO: GAE over a grouped state-value proxy, "
+                                     "group-normalised")
+def gagpo(outcomes: torch.Tensor, steps: StepInputs, config: GAGPOConfig
+          ) -> list[list[float]]:
     """Per-step GAGPO advantages from checked inputs (``steps.state_keys`` must be set)."""
     stream = steps.returns_rewards(outcomes.tolist(), config.outcome_in_returns)
     values = gagpo_values(steps, stream, config.gamma)
@@ -105,55 +107,3 @@ def gagpo_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
         out[b][k] = a
     return out
 
-
-def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
-             mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
-             state_keys: Sequence[Sequence[Hashable]],
-             step_rewards: Sequence[Sequence[float]] | None, config: GAGPOConfig
-             ) -> tuple[StepInputs, list[list[float]]]:
-    steps = checked_method_inputs(config, GAGPOConfig, rewards, mask, group_ids, step_spans,
-                                  step_rewards, state_keys, require_states=True)
-    return steps, gagpo_step_advantages_from_inputs(rewards, steps, config)
-
-
-def gagpo_step_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GAGPOConfig = GAGPOConfig(),
-) -> list[list[float]]:
-    """Per-step GAGPO advantages: ``B`` lists, one float per step (args as in
-    :func:`gagpo_advantages`)."""
-    return _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards, config)[1]
-
-
-def gagpo_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GAGPOConfig = GAGPOConfig(),
-) -> torch.Tensor:
-    """GAGPO token-level advantages.
-
-    Args:
-        rewards: ``[B]`` outcome reward per trajectory (enters the returns when
-            ``config.outcome_in_returns``).
-        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
-        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
-        step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
-        state_keys: ``B`` lists of hashable keys of the state each step acted in.
-        step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
-        config: the knobs.
-
-    Returns:
-        ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), 0 where ``mask == 0``.
-    """
-    steps, per_step = _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards,
-                               config)
-    return broadcast_steps(per_step, steps.spans, mask, output_dtype(rewards))

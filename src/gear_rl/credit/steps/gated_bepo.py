@@ -1,8 +1,9 @@
 """Gated-BEPO: Bellman backups over the empirical rollout graph, with a confidence gate.
 
-The method as this project's issue 6 specifies it (the gated Bellman-expectation variant of
-critic-free step credit; no equations were available to check against, so every step below is
-this project's reading and every open choice is a knob of :class:`GatedBEPOConfig`):
+Named beside GAGPO in arXiv 2608.06861, whose stored text has neither equations nor code; this
+is the project's resolved reading (docs/design.md, "Step-level methods"), the gated
+Bellman-expectation variant of critic-free step credit. Every step below is that reading and
+every open choice is a knob of :class:`GatedBEPOConfig`:
 
 1. **Graph.** Per prompt group, the nodes are the distinct state keys its trajectories visited
    (never shared across prompts). Every step ``k`` of a trajectory adds one observed transition
@@ -46,11 +47,9 @@ from gear_rl.credit.steps.common import (
     NORM_MODES,
     StepConfig,
     StepInputs,
-    broadcast_steps,
-    checked_method_inputs,
     gae,
     group_normalize,
-    output_dtype,
+    register_step_estimator,
 )
 
 STEP_NORM_MODES = ("none", *NORM_MODES)
@@ -166,14 +165,16 @@ def bellman_graph(transitions: Sequence[tuple[Hashable, float, Hashable]], gamma
     return StateGraph(nodes, values.tolist(), [len(d) for d in distinct], iterations)
 
 
-def gated_bepo_step_advantages_from_inputs(
-    outcomes: torch.Tensor, steps: StepInputs, group_ids: Sequence[Hashable] | torch.Tensor,
-    config: GatedBEPOConfig,
-) -> list[list[float]]:
+@register_step_estimator("gated_bepo", config=GatedBEPOConfig, needs_states=True,
+                         paper="arXiv 2608.06861 (reading: docs/design.md)",
+                         description="Gated-BEPO: Bellman backups on the rollout graph, "
+                                     "gated at branching states")
+def gated_bepo(outcomes: torch.Tensor, steps: StepInputs, config: GatedBEPOConfig
+               ) -> list[list[float]]:
     """Per-step Gated-BEPO advantages from checked inputs (``steps.state_keys`` must be set)."""
     if steps.state_keys is None:
         raise ValueError("state_keys is required for Gated-BEPO's state graph")
-    episode = grpo_advantages(outcomes.double(), group_ids, norm_by_std=config.norm_by_std,
+    episode = grpo_advantages(outcomes.double(), steps.groups, norm_by_std=config.norm_by_std,
                               eps=config.eps).tolist()
     stream = steps.returns_rewards(outcomes.tolist(), config.outcome_in_returns)
     by_group: dict[int, list[int]] = {}
@@ -207,55 +208,3 @@ def gated_bepo_step_advantages_from_inputs(
     return [[a if gate else episode[b] for a, gate in zip(credit[b], trusted[b], strict=True)]
             for b in range(len(stream))]
 
-
-def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
-             mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
-             state_keys: Sequence[Sequence[Hashable]],
-             step_rewards: Sequence[Sequence[float]] | None, config: GatedBEPOConfig
-             ) -> tuple[StepInputs, list[list[float]]]:
-    steps = checked_method_inputs(config, GatedBEPOConfig, rewards, mask, group_ids, step_spans,
-                                  step_rewards, state_keys, require_states=True)
-    return steps, gated_bepo_step_advantages_from_inputs(rewards, steps, group_ids, config)
-
-
-def gated_bepo_step_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GatedBEPOConfig = GatedBEPOConfig(),
-) -> list[list[float]]:
-    """Per-step Gated-BEPO advantages: ``B`` lists, one float per step (args as in
-    :func:`gated_bepo_advantages`)."""
-    return _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards, config)[1]
-
-
-def gated_bepo_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GatedBEPOConfig = GatedBEPOConfig(),
-) -> torch.Tensor:
-    """Gated-BEPO token-level advantages.
-
-    Args:
-        rewards: ``[B]`` outcome reward per trajectory (the episode advantage, and the
-            terminal transition's reward when ``config.outcome_in_returns``).
-        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
-        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
-        step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
-        state_keys: ``B`` lists of hashable keys of the state each step acted in.
-        step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
-        config: the knobs.
-
-    Returns:
-        ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), 0 where ``mask == 0``.
-    """
-    steps, per_step = _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards,
-                               config)
-    return broadcast_steps(per_step, steps.spans, mask, output_dtype(rewards))

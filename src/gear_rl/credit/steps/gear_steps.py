@@ -19,8 +19,9 @@ Choices this leaves open (stated, or knobs of :class:`GearStepsConfig`):
 - **Mixed signs in one trajectory**: each token takes the weight of its own step's sign.
 - **``mean_preserving``** divides each sign's weights by their mean over the whole trajectory
   (what ``gear_weights`` computes for that sign), not by the mean over the tokens of that sign.
-- ``base`` picks the step estimator, ``base_config`` its config (``None``: its defaults with this
-  config's ``norm_by_std`` and ``eps``; a given ``base_config`` must agree with them).
+- ``base`` picks the step estimator (any registered per-step estimator, plugins included),
+  ``base_config`` its config (``None``: its defaults with this config's ``norm_by_std`` and
+  ``eps``; a given ``base_config`` must agree with them).
 """
 
 from __future__ import annotations
@@ -32,31 +33,25 @@ from typing import Any
 
 import torch
 
-from gear_rl.credit._validate import check_tokens
-from gear_rl.credit.config import GEARConfig, OutcomeConfig
+from gear_rl.credit._validate import check_tokens, check_vector
+from gear_rl.credit.batch import CreditBatch
+from gear_rl.credit.config import GEARConfig
 from gear_rl.credit.gear import gear_weights
+from gear_rl.credit.registry import Estimator, estimator_names, get_estimator, register_estimator
 from gear_rl.credit.steps.common import (
-    StepInputs,
     broadcast_steps,
-    check_outcomes,
-    check_step_inputs,
     output_dtype,
-)
-from gear_rl.credit.steps.gagpo import GAGPOConfig, gagpo_step_advantages_from_inputs
-from gear_rl.credit.steps.gated_bepo import GatedBEPOConfig, gated_bepo_step_advantages_from_inputs
-from gear_rl.credit.steps.gigpo import GiGPOConfig, gigpo_step_advantages_from_inputs
-from gear_rl.credit.steps.turn_level import (
-    TurnLevelConfig,
-    turn_level_step_advantages_from_inputs,
+    step_advantages,
+    step_inputs_from_extras,
 )
 
-BASE_CONFIGS: dict[str, type[OutcomeConfig]] = {
-    "turn_level": TurnLevelConfig,
-    "gigpo": GiGPOConfig,
-    "gagpo": GAGPOConfig,
-    "gated_bepo": GatedBEPOConfig,
-}
-NEEDS_STATES = frozenset({"gigpo", "gagpo", "gated_bepo"})
+
+def _base_estimator(base: str) -> Estimator:
+    """The registered per-step estimator ``base``; anything else raises naming the valid ones."""
+    valid = [n for n in estimator_names(step_level=True) if get_estimator(n).step_fn is not None]
+    if base not in valid:
+        raise ValueError(f"base must be one of {valid}, got {base!r}")
+    return get_estimator(base)
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,7 @@ class GearStepsConfig(GEARConfig):
     estimator underneath.
 
     Attributes:
-        base: ``turn_level``, ``gigpo``, ``gagpo`` or ``gated_bepo``.
+        base: a per-step estimator: ``turn_level``, ``gigpo``, ``gagpo``, ``gated_bepo``.
         base_config: that estimator's config; ``None`` for its defaults (with this config's
             ``norm_by_std`` and ``eps``).
     """
@@ -75,9 +70,7 @@ class GearStepsConfig(GEARConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.base not in BASE_CONFIGS:
-            raise ValueError(f"base must be one of {sorted(BASE_CONFIGS)}, got {self.base!r}")
-        cls = BASE_CONFIGS[self.base]
+        cls = _base_estimator(self.base).config_cls
         if self.base_config is not None:
             if not isinstance(self.base_config, cls):
                 raise ValueError(f"base_config for base {self.base!r} must be a {cls.__name__}, "
@@ -88,11 +81,11 @@ class GearStepsConfig(GEARConfig):
                                      f"contradicts {name}={getattr(self, name)!r}")
 
     @property
-    def resolved_base_config(self) -> OutcomeConfig:
+    def resolved_base_config(self) -> Any:
         """``base_config``, or the base's defaults with this config's outcome fields."""
         if self.base_config is not None:
             return self.base_config
-        return BASE_CONFIGS[self.base](norm_by_std=self.norm_by_std, eps=self.eps)
+        return _base_estimator(self.base).make_config(norm_by_std=self.norm_by_std, eps=self.eps)
 
     def gear_config(self) -> GEARConfig:
         """The plain GEAR part of this config."""
@@ -100,19 +93,8 @@ class GearStepsConfig(GEARConfig):
         return GEARConfig(**{name: getattr(self, name) for name in own})
 
 
-def base_step_advantages(outcomes: torch.Tensor, steps: StepInputs,
-                         group_ids: Sequence[Hashable] | torch.Tensor, base: str,
-                         config: OutcomeConfig) -> list[list[float]]:
-    """Per-step advantages of the step estimator ``base`` from checked inputs."""
-    if base in NEEDS_STATES and steps.state_keys is None:
-        raise ValueError(f"base {base!r} needs state_keys")
-    if base == "turn_level":
-        return turn_level_step_advantages_from_inputs(outcomes, steps, group_ids, config)
-    if base == "gigpo":
-        return gigpo_step_advantages_from_inputs(outcomes, steps, group_ids, config)
-    if base == "gagpo":
-        return gagpo_step_advantages_from_inputs(outcomes, steps, config)
-    return gated_bepo_step_advantages_from_inputs(outcomes, steps, group_ids, config)
+def _needs_states(config: GearStepsConfig) -> bool:
+    return _base_estimator(config.base).requires_states(config.resolved_base_config)
 
 
 def gear_reweight(step_advantages: torch.Tensor, divergence: torch.Tensor, entropy: torch.Tensor,
@@ -139,6 +121,23 @@ def gear_reweight(step_advantages: torch.Tensor, divergence: torch.Tensor, entro
     return torch.where(mask.to(torch.bool), out, torch.zeros_like(out))
 
 
+@register_estimator("gear_steps", config=GearStepsConfig, needs=("divergence", "entropy"),
+                    segments=True, step_level=True, needs_states=_needs_states,
+                    paper="arXiv 2605.11853 over a step-level base",
+                    description="GEAR token weights over a step-level advantage (base: gigpo)")
+def gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:
+    """GEAR weights over the step-level advantage of ``config.base`` on ``batch`` (step inputs
+    in ``batch.extras``)."""
+    check_vector("rewards", batch.rewards)
+    base = _base_estimator(config.base)
+    steps = step_inputs_from_extras("gear_steps", batch.mask, batch.group_ids, batch.extras,
+                                    require_states=_needs_states(config))
+    per_step = base.step_fn(batch.rewards, steps, config.resolved_base_config)  # type: ignore[misc]
+    advantages = broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
+    return gear_reweight(advantages, batch.divergence, batch.entropy, batch.mask,
+                         config.gear_config())
+
+
 def gear_steps_advantages(
     rewards: torch.Tensor,
     group_ids: Sequence[Hashable] | torch.Tensor,
@@ -148,7 +147,7 @@ def gear_steps_advantages(
     step_spans: Sequence[Sequence[tuple[int, int]]],
     state_keys: Sequence[Sequence[Hashable]] | None = None,
     step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GearStepsConfig = GearStepsConfig(),
+    config: GearStepsConfig | None = None,
 ) -> torch.Tensor:
     """GEAR weights over a step-level advantage.
 
@@ -161,18 +160,15 @@ def gear_steps_advantages(
         step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
         state_keys: ``B`` lists of hashable state keys (needed unless ``base="turn_level"``).
         step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
-        config: GEAR knobs plus the base step estimator.
+        config: GEAR knobs plus the base step estimator (``None``: the defaults).
 
     Returns:
         ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), 0 where ``mask == 0``.
     """
+    if config is None:
+        config = GearStepsConfig()
     if not isinstance(config, GearStepsConfig):
         raise ValueError(f"config must be a GearStepsConfig, got {type(config).__name__}")
-    check_outcomes(rewards, mask)
-    steps = check_step_inputs(mask, group_ids, step_spans, step_rewards, state_keys,
-                              require_states=config.base in NEEDS_STATES)
-    per_step = base_step_advantages(rewards, steps, group_ids, config.base,
-                                    config.resolved_base_config)
-    dtype = output_dtype(rewards)
-    base = broadcast_steps(per_step, steps.spans, mask, dtype)
+    base = step_advantages(config.base, rewards, group_ids, mask, step_spans, step_rewards,
+                           state_keys, config.resolved_base_config)
     return gear_reweight(base, divergence, entropy, mask, config.gear_config())

@@ -29,7 +29,6 @@ Choices the paper leaves open, each a knob (``GiGPOConfig``) or stated here:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,11 +39,9 @@ from gear_rl.credit.steps.common import (
     NORM_MODES,
     StepConfig,
     StepInputs,
-    broadcast_steps,
-    checked_method_inputs,
     discounted_returns,
     group_normalize,
-    output_dtype,
+    register_step_estimator,
 )
 
 
@@ -67,13 +64,16 @@ class GiGPOConfig(StepConfig):
             raise ValueError(f"step_norm must be one of {NORM_MODES}, got {self.step_norm!r}")
 
 
-def gigpo_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
-                                      group_ids: Sequence[Hashable] | torch.Tensor,
-                                      config: GiGPOConfig) -> list[list[float]]:
+@register_step_estimator("gigpo", config=GiGPOConfig, needs_states=True,
+                         paper="arXiv 2505.10978",
+                         description="GiGPO: episode advantage + omega * anchor-state "
+                                     "step advantage")
+def gigpo(outcomes: torch.Tensor, steps: StepInputs, config: GiGPOConfig
+          ) -> list[list[float]]:
     """Per-step GiGPO advantages from checked inputs (``steps.state_keys`` must be set)."""
     if steps.state_keys is None:
         raise ValueError("state_keys is required for GiGPO's anchor-state groups")
-    episode = grpo_advantages(outcomes.double(), group_ids, norm_by_std=config.norm_by_std,
+    episode = grpo_advantages(outcomes.double(), steps.groups, norm_by_std=config.norm_by_std,
                               eps=config.eps).tolist()
     stream = steps.returns_rewards(outcomes.tolist(), config.outcome_in_returns)
     returns, anchors, where = [], [], []
@@ -88,54 +88,3 @@ def gigpo_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
         out[b][k] = episode[b] + config.omega * a_step
     return out
 
-
-def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
-             mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
-             state_keys: Sequence[Sequence[Hashable]],
-             step_rewards: Sequence[Sequence[float]] | None, config: GiGPOConfig
-             ) -> tuple[StepInputs, list[list[float]]]:
-    steps = checked_method_inputs(config, GiGPOConfig, rewards, mask, group_ids, step_spans,
-                                  step_rewards, state_keys, require_states=True)
-    return steps, gigpo_step_advantages_from_inputs(rewards, steps, group_ids, config)
-
-
-def gigpo_step_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GiGPOConfig = GiGPOConfig(),
-) -> list[list[float]]:
-    """Per-step GiGPO advantages ``A^E + omega * A^S``: ``B`` lists, one float per step (args
-    as in :func:`gigpo_advantages`)."""
-    return _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards, config)[1]
-
-
-def gigpo_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    state_keys: Sequence[Sequence[Hashable]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: GiGPOConfig = GiGPOConfig(),
-) -> torch.Tensor:
-    """GiGPO token-level advantages.
-
-    Args:
-        rewards: ``[B]`` episode reward per trajectory.
-        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
-        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
-        step_spans: ``B`` lists of ``(start, end)`` response positions of each step.
-        state_keys: ``B`` lists of hashable keys of the state each step acted in.
-        step_rewards: ``B`` lists of per-step rewards (``None``: all zeros).
-        config: the knobs.
-
-    Returns:
-        ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), 0 where ``mask == 0``.
-    """
-    steps, per_step = _checked(rewards, group_ids, mask, step_spans, state_keys, step_rewards,
-                               config)
-    return broadcast_steps(per_step, steps.spans, mask, output_dtype(rewards))

@@ -22,7 +22,6 @@ Choices the paper leaves open, each a knob of :class:`TurnLevelConfig`:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +31,8 @@ from gear_rl.credit.grpo import grpo_advantages
 from gear_rl.credit.steps.common import (
     NORM_MODES,
     StepInputs,
-    broadcast_steps,
-    checked_method_inputs,
     group_normalize,
-    output_dtype,
+    register_step_estimator,
 )
 
 LAST_TURN_MODES = ("outcome", "combined")
@@ -66,11 +63,13 @@ class TurnLevelConfig(OutcomeConfig):
                              f"got {self.last_turn!r}")
 
 
-def turn_level_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepInputs,
-                                           group_ids: Sequence[Hashable] | torch.Tensor,
-                                           config: TurnLevelConfig) -> list[list[float]]:
+@register_step_estimator("turn_level", config=TurnLevelConfig, needs_states=False,
+                         paper="arXiv 2505.11821",
+                         description="MT-GRPO: group-normalised turn rewards + outcome")
+def turn_level(outcomes: torch.Tensor, steps: StepInputs, config: TurnLevelConfig
+               ) -> list[list[float]]:
     """Per-step MT-GRPO advantages from checked inputs (see :func:`turn_level_advantages`)."""
-    outcome_adv = grpo_advantages(outcomes.double(), group_ids, norm_by_std=config.norm_by_std,
+    outcome_adv = grpo_advantages(outcomes.double(), steps.groups, norm_by_std=config.norm_by_std,
                                   eps=config.eps).tolist()
     flat_values, flat_keys, where = [], [], []
     for b, rewards in enumerate(steps.rewards):
@@ -88,51 +87,3 @@ def turn_level_step_advantages_from_inputs(outcomes: torch.Tensor, steps: StepIn
             out[b][k] = a_turn + config.outcome_coef * outcome_adv[b]
     return out
 
-
-def _checked(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
-             mask: torch.Tensor, step_spans: Sequence[Sequence[tuple[int, int]]],
-             step_rewards: Sequence[Sequence[float]] | None, config: TurnLevelConfig
-             ) -> tuple[StepInputs, list[list[float]]]:
-    steps = checked_method_inputs(config, TurnLevelConfig, rewards, mask, group_ids, step_spans,
-                                  step_rewards)
-    return steps, turn_level_step_advantages_from_inputs(rewards, steps, group_ids, config)
-
-
-def turn_level_step_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: TurnLevelConfig = TurnLevelConfig(),
-) -> list[list[float]]:
-    """Per-step MT-GRPO advantages: ``B`` lists, one float per step (args as in
-    :func:`turn_level_advantages`)."""
-    return _checked(rewards, group_ids, mask, step_spans, step_rewards, config)[1]
-
-
-def turn_level_advantages(
-    rewards: torch.Tensor,
-    group_ids: Sequence[Hashable] | torch.Tensor,
-    mask: torch.Tensor,
-    step_spans: Sequence[Sequence[tuple[int, int]]],
-    step_rewards: Sequence[Sequence[float]] | None = None,
-    config: TurnLevelConfig = TurnLevelConfig(),
-) -> torch.Tensor:
-    """MT-GRPO token-level advantages.
-
-    Args:
-        rewards: ``[B]`` outcome reward per trajectory.
-        group_ids: ``B`` hashable prompt ids, or a ``[B]`` integer tensor.
-        mask: ``[B, T]`` 1 on policy tokens, 0 on padding and observations.
-        step_spans: ``B`` lists of ``(start, end)`` response positions of each turn.
-        step_rewards: ``B`` lists of turn rewards (``None``: all zeros, leaving only the
-            outcome term).
-        config: the knobs.
-
-    Returns:
-        ``[B, T]`` advantages (float64 if ``rewards`` is, else float32), each turn's value on its
-        policy tokens, 0 where ``mask == 0``.
-    """
-    steps, per_step = _checked(rewards, group_ids, mask, step_spans, step_rewards, config)
-    return broadcast_steps(per_step, steps.spans, mask, output_dtype(rewards))

@@ -44,6 +44,7 @@ from gear_rl.integrations.verl.estimators import (
     register_estimators,
     settings_from_algorithm,
     signals_from_logprobs,
+    verl_estimator_names,
     verl_name,
 )
 
@@ -67,6 +68,7 @@ __all__ = [
     "register_trainer_modes",
     "settings_from_algorithm",
     "signals_from_logprobs",
+    "verl_estimator_names",
     "verl_name",
 ]
 

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from gear_rl.credit import (
-    ESTIMATORS,
     CreditBatch,
     Estimator,
     GEARConfig,
+    estimator_names,
     gear_segments,
     gear_weights,
     get_estimator,
@@ -57,16 +57,23 @@ _SETTINGS_KEYS = ("divergence", "reference_key", "reference_kind", "placement",
                   "answer_template", "solution_template", "tool_call_template")
 
 
+def verl_estimator_names() -> list[str]:
+    """The registry estimators verl can run: token-level ones whose reward enters the loss
+    (step-level ones need per-turn inputs verl's agent loop does not pass; ``opsd`` needs a
+    distillation loss verl's actor does not have)."""
+    return [n for n in estimator_names(step_level=False) if get_estimator(n).uses_reward]
+
+
 def verl_name(name: str) -> str:
     """The name gear-rl's estimator ``name`` has in verl's ``algorithm.adv_estimator``."""
-    if name not in ESTIMATORS:
-        raise ValueError(f"name must be one of {sorted(ESTIMATORS)}, got {name!r}")
+    if name not in verl_estimator_names():
+        raise ValueError(f"name must be one of {verl_estimator_names()}, got {name!r}")
     return RENAMED.get(name, name)
 
 
 def gear_rl_name(verl_estimator: str) -> str | None:
     """The gear-rl registry name behind verl's ``verl_estimator``, or ``None`` if not ours."""
-    for name in ESTIMATORS:
+    for name in verl_estimator_names():
         if verl_name(name) == verl_estimator:
             return name
     return None
@@ -74,7 +81,7 @@ def gear_rl_name(verl_estimator: str) -> str | None:
 
 def _all_config_fields() -> set[str]:
     fields: set[str] = set()
-    for estimator in ESTIMATORS.values():
+    for estimator in map(get_estimator, verl_estimator_names()):
         fields.update(f.name for f in dataclasses.fields(estimator.config_cls))
     return fields
 
@@ -155,7 +162,7 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
     if name is None:
         raise ValueError(
             f"algorithm.adv_estimator={adv_estimator!r} is not a gear-rl estimator; choose one of "
-            f"{sorted(verl_name(n) for n in ESTIMATORS)}"
+            f"{sorted(verl_name(n) for n in verl_estimator_names())}"
         )
     estimator = get_estimator(name)
     raw = _plain(_get(algorithm, "gear")) or {}
@@ -411,7 +418,8 @@ def _hashable(value: Any) -> Any:
 
 # One adapter per estimator, built once, so registering twice is a no-op (verl refuses a second,
 # different function under a registered name).
-VERL_ESTIMATORS: Mapping[str, Any] = {verl_name(n): make_verl_estimator(n) for n in ESTIMATORS}
+VERL_ESTIMATORS: Mapping[str, Any] = {verl_name(n): make_verl_estimator(n)
+                                      for n in verl_estimator_names()}
 
 
 def register_estimators() -> list[str]:
