@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -13,13 +14,7 @@ import yaml
 from PIL import Image
 
 from gear_rl.cli import main
-from gear_rl.report.compare import (
-    compare_runs,
-    student_t_cdf,
-    student_t_quantile,
-    t_interval,
-    welch_test,
-)
+from gear_rl.report.compare import compare_runs, t_interval, welch_test
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,28 +36,18 @@ def write_run(path: Path, estimator: str, seed: int, final: float, *, k: int = 4
 
 
 # ------------------------------------------------------------------------------ statistics
-@pytest.mark.parametrize(("df", "critical"), [
-    (1, 12.706205), (2, 4.302653), (4, 2.776445), (9, 2.262157), (30, 2.042272),
-    (1e6, 1.959966)])
-def test_t_quantiles_match_the_t_table(df: float, critical: float) -> None:
-    assert student_t_quantile(0.975, df) == pytest.approx(critical, rel=1e-5)
-    assert student_t_cdf(critical, df) == pytest.approx(0.975, abs=1e-6)
-    assert student_t_cdf(-critical, df) == pytest.approx(0.025, abs=1e-6)
-
-
-def test_t_cdf_basics() -> None:
-    assert student_t_cdf(0.0, 3) == 0.5
-    # df = 1 is the Cauchy distribution: F(t) = 1/2 + atan(t)/pi.
-    for t in (-3.0, -0.5, 0.7, 4.0):
-        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-10)
-    # df = 2 has a closed form too: F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
-    for t in (-2.0, 0.3, 5.0):
-        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)),
-                                                    abs=1e-10)
-    with pytest.raises(ValueError, match="df"):
-        student_t_cdf(1.0, 0)
-    with pytest.raises(ValueError, match="p must"):
-        student_t_quantile(1.0, 3)
+@pytest.mark.parametrize(("df", "confidence", "critical"), [
+    (1, 0.95, 12.706205), (2, 0.95, 4.302653), (4, 0.95, 2.776445), (9, 0.95, 2.262157),
+    (30, 0.95, 2.042272), (4, 0.90, 2.131847), (4, 0.99, 4.604095), (9, 0.99, 3.249836)])
+def test_t_interval_uses_the_t_table(df: int, confidence: float, critical: float) -> None:
+    # 0, 1, ..., df: n = df + 1 values, so the interval's half width in units of the standard
+    # error is the two-sided critical value of t(df).
+    values = [float(i) for i in range(df + 1)]
+    mean, low, high = t_interval(values, confidence)
+    standard_error = statistics.stdev(values) / math.sqrt(len(values))
+    assert mean == pytest.approx(df / 2)
+    assert (high - mean) / standard_error == pytest.approx(critical, rel=1e-6)
+    assert (mean - low) / standard_error == pytest.approx(critical, rel=1e-6)
 
 
 def test_t_interval() -> None:
@@ -71,8 +56,11 @@ def test_t_interval() -> None:
     assert mean == pytest.approx(0.6)
     assert (low, high) == pytest.approx((0.6 - half, 0.6 + half), rel=1e-5)
     assert t_interval([0.4]) == (0.4, None, None)
+    assert t_interval([0.2, 0.2, 0.2, 0.2]) == (0.2, 0.2, 0.2)  # no spread: a point
     with pytest.raises(ValueError, match="empty"):
         t_interval([])
+    with pytest.raises(ValueError, match="confidence"):
+        t_interval([0.1, 0.2], 1.0)
 
 
 def test_welch_test() -> None:
@@ -83,11 +71,46 @@ def test_welch_test() -> None:
     assert result.df == pytest.approx(4.0)
     assert result.t == pytest.approx(-3.0 / math.sqrt(2 / 3))
     assert 0.02 < result.p < 0.05
-    assert result.p == pytest.approx(2 * (1 - student_t_cdf(abs(result.t), 4)))
+    assert result.p == pytest.approx(0.02131164112875683, rel=1e-6)
     assert welch_test([1.0], [1.0, 2.0]) is None
+    assert welch_test([1.0, 2.0], [1.0]) is None
+
+
+def test_welch_p_values_in_closed_form() -> None:
+    # n = 2 and 2 with equal variances: df = 2, where P(|T| > t) = 1 - t / sqrt(2 + t^2).
+    result = welch_test([0.0, 2.0], [3.0, 5.0])
+    assert result.df == pytest.approx(2.0)
+    assert result.t == pytest.approx(-3.0 / math.sqrt(2.0))
+    t = abs(result.t)
+    assert result.p == pytest.approx(1.0 - t / math.sqrt(2.0 + t * t), rel=1e-9)
+    # One side without spread: df = n - 1 of the other side, here 1, the Cauchy distribution,
+    # where P(|T| > t) = 1 - 2 atan(t) / pi.
+    result = welch_test([0.0, 2.0], [5.0, 5.0])
+    assert (result.t, result.df) == pytest.approx((-4.0, 1.0))
+    assert result.p == pytest.approx(1.0 - 2.0 * math.atan(4.0) / math.pi, rel=1e-9)
+
+
+def test_welch_fractional_df() -> None:
+    # Unequal sizes and variances give a non-integer Welch-Satterthwaite df; the numbers are
+    # scipy.stats.ttest_ind(a, b, equal_var=False)'s.
+    result = welch_test([0.1, 0.9], [0.3, 0.35, 0.4, 0.45])
+    assert result.difference == pytest.approx(0.125)
+    assert result.t == pytest.approx(0.3114876876541916, rel=1e-9)
+    assert result.df == pytest.approx(1.013048905988538, rel=1e-9)
+    assert result.p == pytest.approx(0.8072488886245646, rel=1e-6)
+
+
+def test_welch_without_spread() -> None:
     flat = welch_test([0.5, 0.5], [0.5, 0.5])
-    assert flat.t is None and flat.p == 1.0
-    assert welch_test([0.5, 0.5], [0.7, 0.7]).p == 0.0
+    assert (flat.difference, flat.t, flat.df, flat.p) == (0.0, None, None, 1.0)
+    apart = welch_test([0.5, 0.5], [0.7, 0.7])
+    assert apart.t is None and apart.p == 0.0
+    # Three equal 0.72s have a floating-point variance of ~1e-32, not 0: still no spread, not
+    # a difference established by a t of ~1e15.
+    rounded = welch_test([0.7, 0.7, 0.7], [0.72, 0.72, 0.72])
+    assert (rounded.t, rounded.df, rounded.p) == (None, None, 0.0)
+    same = welch_test([0.1, 0.1, 0.1], [0.1, 0.1, 0.1])
+    assert (same.t, same.p) == (None, 1.0)
 
 
 # ------------------------------------------------------------------------------ table

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import scipy.stats
 from matplotlib.figure import Figure
 
 from gear_rl.report.data import RunData, atomic_write_bytes, atomic_write_text, load_run
@@ -31,8 +33,6 @@ __all__ = [
     "MethodResult",
     "compare_runs",
     "run_comparison",
-    "student_t_cdf",
-    "student_t_quantile",
     "t_interval",
     "welch_test",
 ]
@@ -46,77 +46,6 @@ RULE = ("A method's difference from the baseline counts as real only if Welch's 
 
 
 # ------------------------------------------------------------------------------ statistics
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 1000):
-        m2 = 2 * m
-        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        h *= d * c
-        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
-        d = 1.0 + aa * d
-        d = 1.0 / (d if abs(d) > tiny else tiny)
-        c = 1.0 + aa / c
-        c = c if abs(c) > tiny else tiny
-        delta = d * c
-        h *= delta
-        if abs(delta - 1.0) < eps:
-            return h
-    raise ArithmeticError(f"incomplete beta did not converge (a={a}, b={b}, x={x})")
-
-
-def _betai(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta ``I_x(a, b)``."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
-                 + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def student_t_cdf(t: float, df: float) -> float:
-    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom (any real ``df``, as
-    Welch's test needs)."""
-    if not df > 0 or not math.isfinite(df):
-        raise ValueError(f"df must be finite and > 0, got {df!r}")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    tail = 0.5 * _betai(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def student_t_quantile(p: float, df: float) -> float:
-    """The ``t`` with ``student_t_cdf(t, df) == p`` (bisection to 1e-12)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must lie in (0, 1), got {p!r}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        high *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if student_t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return 0.5 * (low + high)
-
-
 def t_interval(values: Sequence[float], confidence: float = 0.95
                ) -> tuple[float, float | None, float | None]:
     """``(mean, low, high)``: the Student-t confidence interval of the mean of ``values``
@@ -128,7 +57,7 @@ def t_interval(values: Sequence[float], confidence: float = 0.95
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, None, None
-    half = (student_t_quantile(0.5 + confidence / 2.0, len(values) - 1)
+    half = (float(scipy.stats.t.ppf(0.5 + confidence / 2.0, len(values) - 1))
             * statistics.stdev(values) / math.sqrt(len(values)))
     return mean, mean - half, mean + half
 
@@ -151,17 +80,21 @@ class WelchResult:
 
 
 def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult | None:
-    """Welch's two-sided t-test; None when either sample has fewer than 2 values."""
+    """Welch's two-sided t-test (``scipy.stats.ttest_ind(a, b, equal_var=False)``); None when
+    either sample has fewer than 2 values."""
     if len(a) < 2 or len(b) < 2:
         return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     difference = statistics.fmean(a) - statistics.fmean(b)
-    if va + vb == 0.0:
+    # Checked with exact variances first: scipy's floating-point variance of identical values
+    # can come out a rounding error above zero, which would turn "no spread" into a huge t.
+    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:
         return WelchResult(difference, None, None, 1.0 if difference == 0 else 0.0)
-    t = difference / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    p = 2.0 * (1.0 - student_t_cdf(abs(t), df))
-    return WelchResult(difference, t, df, min(1.0, max(0.0, p)))
+    with warnings.catch_warnings():
+        # scipy warns of "catastrophic cancellation" when one side has (almost) no spread; the
+        # test is still right there (it matches the closed form, tests/test_compare.py).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = scipy.stats.ttest_ind(a, b, equal_var=False)
+    return WelchResult(difference, float(test.statistic), float(test.df), float(test.pvalue))
 
 
 # ------------------------------------------------------------------------------ runs
