@@ -2,7 +2,7 @@
 
 The loop is driven either by a scripted ``generate`` that replays fixed strings through the real
 byte-level tokenizer of ``gear_rl.models`` (so every token boundary, mask and span is exact), or
-by the real tiny random model through ``hf_generate``. Python calls run in a real sandbox.
+by the real tiny random model through the trainer's sampler. Python calls run in a real sandbox.
 """
 
 from __future__ import annotations
@@ -14,18 +14,15 @@ from gear_rl.agent import (
     MARKDOWN_PYTHON_FORMAT,
     PYTHON_FORMAT,
     AgentConfig,
-    FunctionExecutor,
     PythonExecutor,
     ToolCall,
     ToolCallFormat,
     ToolOutput,
     format_sandbox_output,
-    hf_generate,
     parse_json_calls,
     parse_turn,
     rollout_metrics,
     run_agent,
-    shaped_reward,
     trajectories_to_tensors,
 )
 from gear_rl.agent.tools import PythonSandbox
@@ -224,9 +221,22 @@ def test_unterminated_call_and_plain_length(tokenizer, sandbox):
     assert long.finish_reason == "length" and len(long.response_ids) == 20
 
 
-def test_json_calls_unknown_tools_and_function_errors(tokenizer):
-    executor = FunctionExecutor({"add": lambda a, b: a + b,
-                                 "div": lambda a, b: a / b})
+def scripted_functions(calls):
+    """An executor for JSON calls: ``add`` and ``div`` over the call's arguments."""
+    functions = {"add": lambda a, b: a + b, "div": lambda a, b: a / b}
+    outputs = []
+    for call in calls:
+        if call.name not in functions:
+            outputs.append(ToolOutput(f"Error: unknown tool {call.name!r}", error="unknown_tool"))
+            continue
+        try:
+            outputs.append(ToolOutput(str(functions[call.name](**call.arguments))))
+        except ZeroDivisionError as exc:
+            outputs.append(ToolOutput(f"Error: {exc}", error="tool_error"))
+    return outputs
+
+
+def test_json_calls_unknown_tools_and_tool_errors(tokenizer):
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
     script = Scripted(tokenizer, {
         "add\n": [call, f"5{EOS}"],
@@ -237,18 +247,18 @@ def test_json_calls_unknown_tools_and_function_errors(tokenizer):
         "parallel\n": ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n'
                        '{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>', f"z{EOS}"],
     })
-    config = AgentConfig(tool_format="json", unknown_tool_penalty=0.5, malformed_call_penalty=1.0)
+    config = AgentConfig(tool_format="json")
     add, unknown, broken, raises, parallel = run_agent(script.prompt_ids(), script, tokenizer,
-                                                       config, executor)
+                                                       config, scripted_functions)
     assert add.turns[0].observation == "\n<tool_response>\n5\n</tool_response>\n"
-    assert unknown.turns[0].outputs[0] == ToolOutput(
-        "Error: unknown tool 'mul'; available: add, div", error="unknown_tool")
+    assert unknown.turns[0].outputs[0] == ToolOutput("Error: unknown tool 'mul'",
+                                                     error="unknown_tool")
+    assert unknown.num_unknown_tool_calls == 1 and unknown.num_malformed_calls == 0
     assert broken.turns[0].observation.startswith("\n<tool_response>\nError: could not parse")
-    assert raises.turns[0].outputs[0].text == "Error: ZeroDivisionError: division by zero"
+    assert broken.num_malformed_calls == 1 and broken.num_tool_calls == 0
+    assert raises.turns[0].outputs[0] == ToolOutput("Error: division by zero", error="tool_error")
     assert parallel.turns[0].observation == "\n<tool_response>\n2\n4\n</tool_response>\n"
-    assert shaped_reward(1.0, unknown, config) == 0.5
-    assert shaped_reward(1.0, broken, config) == 0.0
-    assert shaped_reward(1.0, add, config) == 1.0
+    assert parallel.num_tool_calls == 2
 
 
 def test_function_calling_stops_at_the_call(tokenizer):
@@ -363,18 +373,3 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
         assert t.turns[0].observation == "\n<result>\n42\n</result>\n"
         assert t.num_observation_tokens == len(t.turns[0].observation.encode())
     assert rollout_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
-
-
-def test_hf_generate_adapter(tokenizer):
-    import torch
-
-    model = tiny_random_model(seed=1, initializer_range=0.2)
-    generate = hf_generate(model, tokenizer, stop_ids=[tokenizer.eos_token_id])
-    torch.manual_seed(0)
-    prompts = [tokenizer.encode("ab", add_special_tokens=False),
-               tokenizer.encode("a longer prompt", add_special_tokens=False)]
-    rows = generate(prompts, ["</python>"], [6, 3])
-    assert len(rows) == 2 and len(rows[0]) <= 6 and len(rows[1]) <= 3
-    assert all(isinstance(t, int) for row in rows for t in row)
-    eos = tokenizer.eos_token_id
-    assert all(eos not in row[:-1] for row in rows)  # nothing after an end of turn

@@ -11,7 +11,6 @@ Importing this package does not import torch.
 
 from gear_rl.agent.loop import (
     AgentConfig,
-    FunctionExecutor,
     GenerateFn,
     PythonExecutor,
     ToolExecutor,
@@ -19,10 +18,8 @@ from gear_rl.agent.loop import (
     Trajectory,
     TurnRecord,
     format_sandbox_output,
-    hf_generate,
     rollout_metrics,
     run_agent,
-    shaped_reward,
     trajectories_to_tensors,
 )
 from gear_rl.agent.parsing import (
@@ -46,7 +43,6 @@ __all__ = [
     "PYTHON_FORMAT",
     "PYTHON_TOOL_INSTRUCTIONS",
     "AgentConfig",
-    "FunctionExecutor",
     "GenerateFn",
     "ParsedTurn",
     "PythonExecutor",
@@ -58,11 +54,9 @@ __all__ = [
     "TurnRecord",
     "format_sandbox_output",
     "get_format",
-    "hf_generate",
     "parse_json_calls",
     "parse_turn",
     "rollout_metrics",
     "run_agent",
-    "shaped_reward",
     "trajectories_to_tensors",
 ]

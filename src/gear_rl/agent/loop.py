@@ -1,12 +1,11 @@
 """Batched multi-turn agent rollouts with tool calls and observation masks.
 
-Issue 5 of gear-rl; GEAR (arXiv 2605.11853) credits only the policy's own tokens, so every tool
-output appended to a trajectory is marked as an observation (loss mask 0) and its span and turn
-are recorded: GEAR's segmentation scan skips observation positions, and the step-level methods
-use the turn index.
+GEAR (arXiv 2605.11853) credits only the policy's own tokens, so every tool output appended to a
+trajectory is marked as an observation (loss mask 0) and its span and turn are recorded: GEAR's
+segmentation scan skips observation positions, and the step-level methods use the turn index.
 
-The loop does not sample: it calls a ``generate`` function (the trainer's KV-cache sampler,
-:func:`hf_generate` for a Hugging Face model, or anything with the same signature):
+The loop does not sample: it calls a ``generate`` function (the trainer's KV-cache sampler, or
+anything with the same signature):
 
     generate(prompt_ids: list[list[int]], stop_strings: list[str], max_new_tokens: list[int])
         -> list[list[int]]          # the new tokens of each row
@@ -23,9 +22,8 @@ outputs, the turn limit and the token budget each end in a defined observation o
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -38,7 +36,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentConfig",
-    "FunctionExecutor",
     "GenerateFn",
     "PythonExecutor",
     "ToolExecutor",
@@ -46,10 +43,8 @@ __all__ = [
     "Trajectory",
     "TurnRecord",
     "format_sandbox_output",
-    "hf_generate",
     "rollout_metrics",
     "run_agent",
-    "shaped_reward",
     "trajectories_to_tensors",
 ]
 
@@ -128,42 +123,10 @@ class PythonExecutor:
         return [o for o in outputs if o is not None]
 
 
-class FunctionExecutor:
-    """Calls trusted in-process Python functions by name with the call's arguments (JSON format).
-
-    For functions you wrote, not for model-written code (that goes to :class:`PythonExecutor`).
-    Non-string results are shown as JSON; exceptions become ``tool_error`` observations.
-    """
-
-    def __init__(self, functions: Mapping[str, Callable[..., Any]]) -> None:
-        if not all(callable(f) for f in functions.values()):
-            raise ValueError("functions must map names to callables")
-        self.functions = dict(functions)
-
-    def __call__(self, calls: Sequence[ToolCall]) -> list[ToolOutput]:
-        outputs = []
-        for call in calls:
-            function = self.functions.get(call.name)
-            if function is None:
-                outputs.append(ToolOutput(
-                    f"Error: unknown tool {call.name!r}; available: "
-                    f"{', '.join(sorted(self.functions)) or 'none'}", error="unknown_tool"))
-                continue
-            try:
-                value = function(**call.arguments)
-            except Exception as exc:  # the tool failed: the policy sees why
-                outputs.append(ToolOutput(f"Error: {type(exc).__name__}: {exc}",
-                                          error="tool_error"))
-                continue
-            text = value if isinstance(value, str) else json.dumps(value, default=str)
-            outputs.append(ToolOutput(text))
-        return outputs
-
-
 # --- config and records ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class AgentConfig:
-    """Rollout limits and the defined outcomes of broken episodes.
+    """Rollout limits, the tool-call format, and how over-long observations are cut.
 
     Attributes:
         tool_format: ``"python"``, ``"markdown"``, ``"json"`` or a :class:`ToolCallFormat`.
@@ -174,10 +137,6 @@ class AgentConfig:
         stop_after_tool_call: the first tool call ends the episode without running it (function
             calling evaluated against a reference, e.g. ToolRL and BFCL).
         truncation_marker: appended to a cut observation.
-        malformed_call_penalty, unknown_tool_penalty, truncation_penalty: subtracted from the task
-            reward by :func:`shaped_reward`, per malformed call, per unknown-tool call, and once
-            for an episode that ended on ``length``, ``unterminated_call``, ``max_turns`` or
-            ``token_budget``. Default 0: the task reward alone.
     """
 
     tool_format: str | ToolCallFormat = "python"
@@ -187,9 +146,6 @@ class AgentConfig:
     max_observation_tokens: int = 256
     stop_after_tool_call: bool = False
     truncation_marker: str = "\n...[truncated]"
-    malformed_call_penalty: float = 0.0
-    unknown_tool_penalty: float = 0.0
-    truncation_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         get_format(self.tool_format)
@@ -432,16 +388,6 @@ def run_agent(
     return trajectories
 
 
-def shaped_reward(task_reward: float, trajectory: Trajectory, config: AgentConfig) -> float:
-    """The task reward minus the configured penalties for broken calls and cut episodes."""
-    reward = task_reward
-    reward -= config.malformed_call_penalty * trajectory.num_malformed_calls
-    reward -= config.unknown_tool_penalty * trajectory.num_unknown_tool_calls
-    if trajectory.finish_reason in ("length", "unterminated_call", "max_turns", "token_budget"):
-        reward -= config.truncation_penalty
-    return reward
-
-
 def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Batch statistics for ``metrics.jsonl``: tool-call rate (fraction of trajectories with at
     least one well-formed call, run or not), calls written and calls executed per trajectory,
@@ -501,49 +447,3 @@ def trajectories_to_tensors(trajectories: Sequence[Trajectory], pad_id: int
     lengths = torch.tensor([len(t.response_ids) for t in trajectories], dtype=torch.long)
     return {"response_ids": response_ids, "mask": mask, "observation_mask": observation,
             "turn_ids": turn_ids, "response_lengths": lengths}
-
-
-# --- a generate function for Hugging Face models ---------------------------------------------
-def hf_generate(model: Any, tokenizer: Any, *, temperature: float = 1.0, top_p: float = 1.0,
-                do_sample: bool = True, stop_ids: Sequence[int] | None = None) -> GenerateFn:
-    """A :data:`GenerateFn` over ``model.generate`` (left-padded batch, stop strings honoured).
-
-    Convenient for tests and evaluation; the trainer plugs in its own KV-cache sampler.
-    """
-    import torch
-
-    eos = list(stop_ids) if stop_ids is not None else [tokenizer.eos_token_id]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-
-    @torch.no_grad()
-    def generate(prompts: list[list[int]], stop_strings: list[str],
-                 max_new_tokens: list[int]) -> list[list[int]]:
-        width = max(len(p) for p in prompts)
-        device = next(model.parameters()).device
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            attention[row, width - len(prompt):] = 1
-        kwargs: dict[str, Any] = {"do_sample": do_sample}
-        if do_sample:
-            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-        output = model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device),
-            max_new_tokens=max(max_new_tokens), eos_token_id=eos, pad_token_id=pad_id,
-            stop_strings=list(stop_strings) or None, tokenizer=tokenizer, **kwargs,
-        )[:, width:].tolist()
-        rows = []
-        for ids, cap in zip(output, max_new_tokens, strict=True):
-            ids = ids[:cap]
-            for position, token in enumerate(ids):
-                if token in eos:
-                    ids = ids[: position + 1]
-                    break
-            else:
-                while ids and ids[-1] == pad_id:  # rows that stopped on a stop string
-                    ids.pop()
-            rows.append(ids)
-        return rows
-
-    return generate
