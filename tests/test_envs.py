@@ -1,5 +1,6 @@
 """gear_rl.envs: action parsing, Sokoban and key-and-door dynamics, the BFS planner, the
-TextArena adapter, and rollouts feeding the step-level estimators."""
+TextArena games (rewards, success, planner, random state), and rollouts feeding the step-level
+estimators."""
 
 from __future__ import annotations
 
@@ -211,9 +212,9 @@ def test_keydoor_rollouts_feed_every_step_estimator() -> None:
 
 def test_textarena_adapter() -> None:
     pytest.importorskip("textarena")
-    from gear_rl.envs import TextArenaEnv
+    from gear_rl.envs import TextArenaConfig, TextArenaEnv
 
-    env = TextArenaEnv("Sokoban-v0", max_steps=3)
+    env = TextArenaEnv(TextArenaConfig(game="Sokoban-v0", max_steps=3))
     first = env.reset(seed=0)
     assert "Sokoban" in first and "Current Board" in first
     board = env.state_key
@@ -226,10 +227,53 @@ def test_textarena_adapter() -> None:
     for move in ("left", "up"):
         moves.append(env.step(f"<action>{move}</action>"))
         keys.add(env.state_key)
-    assert all(m.info["action"] for m in moves)
+    assert all(m.info["action"] and m.info["valid_action"] for m in moves)
     assert len(keys) == 3  # seed 0: both moves change the board
-    assert moves[-1].done and (moves[-1].info["truncated"] or moves[-1].info["success"])
+    assert moves[-1].done and moves[-1].info["truncated"] and not moves[-1].info["success"]
     hash(env.state_key)
+
+
+def test_textarena_success_is_a_solved_level_not_a_partial_reward() -> None:
+    pytest.importorskip("textarena")
+    from gear_rl.envs import TextArenaConfig, TextArenaEnv
+
+    env = TextArenaEnv(TextArenaConfig(game="FrozenLake-v0"))
+    env.reset(3)  # seed 3: a hole right below the start
+    fell = env.step("down")
+    assert fell.done and 0 < fell.reward < 1 and not fell.info["success"]
+    env.reset(0)
+    wall = env.step("up")  # off the grid: TextArena's invalid move, warned once
+    assert not wall.done and not wall.info["valid_action"]
+    assert env.step("up").done  # the second one in a row ends the game
+    env.reset(0)
+    plan = env.plan()
+    for move in plan:
+        result = env.step(f"<action>{move}</action>")
+    assert result.done and result.reward == 1.0 and result.info["success"]
+
+
+def test_textarena_games_keep_the_callers_random_state() -> None:
+    pytest.importorskip("textarena")
+    from gear_rl.envs import TextArenaConfig, TextArenaEnv
+
+    random.seed(5)
+    expected = random.Random(5).random()
+    env = TextArenaEnv(TextArenaConfig(game="FrozenLake-v0-random"))
+    first = env.reset(11)
+    env.step("down")
+    assert random.random() == expected
+    assert TextArenaEnv(TextArenaConfig(game="FrozenLake-v0-random")).reset(11) == first
+
+
+def test_textarena_config_names_the_supported_games() -> None:
+    from gear_rl.envs import TEXTARENA_GAMES, TextArenaConfig
+
+    with pytest.raises(ValueError, match=r"FrozenLake-v0, .*Sokoban-v0") as error:
+        TextArenaConfig(game="Wordle-v0")
+    assert "\n" not in str(error.value)
+    assert "Sokoban-v0" in TEXTARENA_GAMES
+    with pytest.raises(ValueError, match="max_steps"):
+        TextArenaConfig(max_steps=0)
 
 
 def test_move_prompt_asks_for_one_word_or_a_tag() -> None:

@@ -57,7 +57,12 @@ def load_task(
     - ``toolrl:PATH``: a ToolRL-layout file (function calling, scored from the response text);
     - ``bfcl`` or ``bfcl:simple,multiple,parallel``: BFCL categories (function calling; the
       episode ends at the first ``<tool_call>`` block);
-    - ``sokoban`` / ``keydoor``: multi-turn text games (``options``: the environment's config).
+    - ``sokoban`` / ``keydoor``: multi-turn text games (``options``: the environment's config);
+    - ``textarena:NAME``: a single-player TextArena grid game (``FrozenLake-v0`` and its
+      variants, ``Sokoban-v0``; the list and why others are left out:
+      :mod:`gear_rl.envs.textarena`). ``options``: ``max_steps``, ``invalid_action_penalty``.
+      Needs the ``envs`` extra. TextArena draws a Sokoban level in about 0.1 s, so
+      ``Sokoban-v0`` with the default 2000 training levels takes minutes to load.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"task must be a non-empty string, got {spec!r}")
@@ -87,11 +92,9 @@ def load_task(
             "simple", "multiple", "parallel")
         return bfcl_task(categories, eval_size=eval_size, seed=seed, train_size=train_size)
     if name in ENV_NAMES:
-        if arg:
-            raise ValueError(f"task {name!r} takes no ':' argument; use task_options")
         opts = dict(options or {})
         turns = opts.pop("max_turns", None)
-        return env_task(name, options=opts, max_turns=turns, train_size=train_size,
+        return env_task(spec, options=opts, max_turns=turns, train_size=train_size,
                         eval_size=eval_size, seed=seed)
     if spec.endswith(SUFFIXES):
         if options:

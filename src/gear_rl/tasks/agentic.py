@@ -8,9 +8,10 @@ Sokoban. These builders turn those settings into :class:`~gear_rl.tasks.Task` ob
 - :func:`tool_math_task`: a reasoning-gym problem with a system prompt that offers a Python tool;
   the policy's code runs in the sandbox and its output comes back as observation tokens. The
   teacher is conditioned on the reference answer.
-- :func:`env_task`: one level per problem (``metadata["env_seed"]``) of a built-in text game
-  (``sokoban``, ``keydoor``); the first board is the prompt; the teacher is conditioned on the
-  BFS planner's shortest move sequence (the ground truth a teacher can be shown).
+- :func:`env_task`: one level per problem (``metadata["env_seed"]``) of a text game: built-in
+  (``sokoban``, ``keydoor``) or a TextArena grid game (``textarena:GAME``, see
+  :mod:`gear_rl.envs.textarena`); the first board is the prompt; the teacher is conditioned on
+  the BFS planner's shortest move sequence (the ground truth a teacher can be shown).
 """
 
 from __future__ import annotations
@@ -77,12 +78,32 @@ def tool_math_task(
 
 
 def _env_factory(name: str, options: Mapping[str, Any]) -> Callable[[], Any]:
-    from gear_rl.envs import KeyDoorConfig, KeyDoorEnv, SokobanConfig, SokobanEnv
+    from gear_rl.envs import (
+        TEXTARENA_GAMES,
+        KeyDoorConfig,
+        KeyDoorEnv,
+        SokobanConfig,
+        SokobanEnv,
+        TextArenaConfig,
+        TextArenaEnv,
+    )
 
-    kinds = {"sokoban": (SokobanEnv, SokobanConfig), "keydoor": (KeyDoorEnv, KeyDoorConfig)}
-    if name not in kinds:
+    kind, _, game = name.partition(":")
+    kinds = {"sokoban": (SokobanEnv, SokobanConfig), "keydoor": (KeyDoorEnv, KeyDoorConfig),
+             "textarena": (TextArenaEnv, TextArenaConfig)}
+    if kind not in kinds:
         raise ValueError(f"unknown environment {name!r}; choose from {sorted(kinds)}")
-    env_cls, config_cls = kinds[name]
+    if kind == "textarena":
+        if not game:
+            raise ValueError("task textarena needs a game, textarena:NAME; NAME one of "
+                             + ", ".join(TEXTARENA_GAMES))
+        if "game" in options:
+            raise ValueError("the TextArena game is named in the task (textarena:NAME), "
+                             "not in task_options")
+        options = {**options, "game": game}
+    elif game:
+        raise ValueError(f"task {kind!r} takes no ':' argument; use task_options")
+    env_cls, config_cls = kinds[kind]
     try:
         config = config_cls(**options)
     except TypeError as error:
@@ -90,7 +111,8 @@ def _env_factory(name: str, options: Mapping[str, Any]) -> Callable[[], Any]:
     return lambda: env_cls(config)
 
 
-ENV_NAMES = ("sokoban", "keydoor")
+ENV_NAMES = ("sokoban", "keydoor", "textarena")
+"""Environment task kinds; ``textarena`` takes its game after a colon."""
 
 
 def env_task(
@@ -102,10 +124,11 @@ def env_task(
     eval_size: int = 128,
     seed: int = 0,
 ) -> Task:
-    """A built-in text game as a multi-turn task: problem ``i`` is the level of one seed.
+    """A text game as a multi-turn task: problem ``i`` is the level of one seed.
 
     Args:
-        name: ``"sokoban"`` or ``"keydoor"``.
+        name: ``"sokoban"``, ``"keydoor"`` or ``"textarena:GAME"`` (a game of
+            :data:`gear_rl.envs.textarena.TEXTARENA_GAMES`).
         options: the environment's config fields (e.g. ``num_boxes``, ``max_steps``).
         max_turns: policy turns per episode (None: the environment's ``max_steps``).
         train_size, eval_size: levels per split; the held-out levels use disjoint seeds.
