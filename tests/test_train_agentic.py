@@ -72,19 +72,21 @@ def test_step_estimators_train_on_environments(tmp_path, env: str, estimator: st
 
 def test_observation_tokens_get_no_signal_credit_or_loss(tmp_path) -> None:
     trainer = make_trainer(tmp_path, "sokoban", "estimator=gear", "steps=1")
-    _, batch = trainer.step(1)
+    _, output = trainer.step(1)
+    batch, scores = output.batch, output.scores
     assert batch.policy_masks is not None
     for row, policy in enumerate(batch.policy_masks):
         n = len(policy)
-        mask = batch.mask[row, :n]
+        mask = scores.mask[row, :n]
         assert mask.tolist() == [float(v) for v in policy]
         observation = mask == 0
         assert bool(observation.any()), "expected an observation in a multi-turn episode"
-        for name in ("advantages", "divergence", "entropy", "old_logprobs"):
-            values = getattr(batch, name)[row, :n]
-            assert torch.all(values[observation] == 0), name
-        assert torch.all(batch.mask[row, n:] == 0)
-    sample = trainer.samples(batch, 1)[0]
+        values = {"advantages": output.advantages, "divergence": scores.divergence,
+                  "entropy": scores.entropy, "old_logprobs": scores.old_logprobs}
+        for name, tensor in values.items():
+            assert torch.all(tensor[row, :n][observation] == 0), name
+        assert torch.all(scores.mask[row, n:] == 0)
+    sample = trainer.samples(output, 1)[0]
     assert len(sample["turn_ids"]) == len(sample["mask"]) == len(sample["tokens"])
     assert "<|im_start|>user" in sample["transcript"]
     trainer.close()

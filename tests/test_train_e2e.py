@@ -89,7 +89,8 @@ def test_gear_samples_carry_token_signals(tmp_path) -> None:
                 "teacher_logprobs"):
         assert len(sample[key]) == n, key
     teacher = trainer.tokenizer.decode(trainer._prompts(trainer.task.train[0])[1])
-    assert "The correct answer is an even number of letters." in teacher
+    # the library's default hint, the same one TRL and verl use
+    assert "The correct final answer is: an even number of letters" in teacher
 
 
 def test_kl_opsd_agg_modes_epochs_minibatches(tmp_path) -> None:

@@ -24,8 +24,9 @@ from typing import Any
 import scipy.stats
 from matplotlib.figure import Figure
 
-from gear_rl.report.data import RunData, atomic_write_bytes, atomic_write_text, load_run
+from gear_rl.report.data import RunData, load_run
 from gear_rl.report.plots import Plot, figure_png
+from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "RULE",
@@ -426,7 +427,6 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
         ValueError: empty or duplicate estimators/seeds, a reserved override, or a config the
             trainer rejects (checked for every run before any training starts).
     """
-    import yaml
 
     from gear_rl.train.config import config_to_dict, load_config
 
@@ -450,8 +450,8 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
     from gear_rl.train.trainer import Trainer
 
     for run_dir, config in configs:
-        if (run_dir / "summary.json").is_file():
-            saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        if RunDir(run_dir).finished():
+            saved = RunDir(run_dir).read_config()
             wanted = config_to_dict(config)
             wanted["out"] = str(run_dir)
             if saved != wanted:

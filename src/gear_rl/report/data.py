@@ -9,29 +9,27 @@ normalised divergence) reuse the credit package's own normaliser, so the viewer 
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gear_rl.credit.config import GEARConfig
 from gear_rl.credit.segments import normalize_reference
+from gear_rl.rundir import (
+    CONFIG,
+    METRICS,
+    RunDir,
+)
 
 __all__ = [
     "RunData",
     "TokenCount",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "eval_keys",
     "load_run",
     "normalized_divergence",
-    "read_jsonl",
     "top_divergence_tokens",
     "weight_stats_by_step",
 ]
@@ -39,46 +37,6 @@ __all__ = [
 # Per-token fields of a samples.jsonl record (all optional except tokens).
 TOKEN_FIELDS = ("mask", "entropy", "divergence", "student_logprobs", "teacher_logprobs",
                 "token_advantage", "weight", "segment_onset")
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so a
-    reader never sees a half-written file (the file gets the usual umask permissions)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """:func:`atomic_write_bytes` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """The JSON objects of a ``.jsonl`` file, one per non-empty line ([] when the file is
-    missing). A malformed line raises ``ValueError`` naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
-        if not isinstance(record, dict):
-            raise ValueError(f"{path}:{number}: expected a JSON object, got "
-                             f"{type(record).__name__}")
-        out.append(record)
-    return out
 
 
 @dataclass
@@ -144,26 +102,14 @@ def load_run(run_dir: str | Path) -> RunData:
     path = Path(run_dir)
     if not path.is_dir():
         raise ValueError(f"run directory {str(path)!r} does not exist")
-    if not (path / "metrics.jsonl").is_file() and not (path / "config.yaml").is_file():
-        raise ValueError(f"{path} is not a gear-rl run directory (no metrics.jsonl or "
-                         "config.yaml)")
-    config: dict[str, Any] = {}
-    if (path / "config.yaml").is_file():
-        loaded = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path / 'config.yaml'}: expected a mapping")
-        config = loaded or {}
-    summary: dict[str, Any] = {}
-    if (path / "summary.json").is_file():
-        try:
-            summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path / 'summary.json'}: not valid JSON ({error.msg})") from error
-    samples = read_jsonl(path / "samples.jsonl")
+    run = RunDir(path)
+    if not run.metrics_path.is_file() and not run.is_run():
+        raise ValueError(f"{path} is not a gear-rl run directory (no {METRICS} or {CONFIG})")
+    samples = run.read_samples()
     for number, sample in enumerate(samples, start=1):
-        _check_sample(sample, path / "samples.jsonl", number)
-    return RunData(path=path, config=config, metrics=read_jsonl(path / "metrics.jsonl"),
-                   samples=samples, summary=summary)
+        _check_sample(sample, run.samples_path, number)
+    return RunData(path=path, config=run.read_config(), metrics=run.read_metrics(),
+                   samples=samples, summary=run.read_summary())
 
 
 def _check_sample(sample: dict[str, Any], path: Path, number: int) -> None:

@@ -19,14 +19,13 @@ from gear_rl.report.assets import SCRIPT, STYLE
 from gear_rl.report.data import (
     RunData,
     TokenCount,
-    atomic_write_bytes,
-    atomic_write_text,
     eval_keys,
     load_run,
     normalized_divergence,
     top_divergence_tokens,
 )
 from gear_rl.report.plots import figure_png, training_curves
+from gear_rl.rundir import atomic_write_bytes, atomic_write_text
 
 __all__ = ["Report", "build_report", "render_html", "viewer_data"]
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from gear_rl.report.data import RunData, atomic_write_bytes, eval_keys, weight_stats_by_step
+from gear_rl.report.data import RunData, eval_keys, weight_stats_by_step
+from gear_rl.rundir import atomic_write_bytes
 
 __all__ = ["Plot", "figure_png", "save_plot", "training_curves"]
 

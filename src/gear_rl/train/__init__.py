@@ -16,7 +16,9 @@ from gear_rl.train.config import (
 from gear_rl.train.evaluate import evaluate
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
 from gear_rl.train.rollout import Rollout, sample_next_token, sample_responses, stop_token_ids
+from gear_rl.train.runtime import Runtime, build_runtime
 from gear_rl.train.trainer import (
+    StepOutput,
     Trainer,
     evaluate_model,
     format_summary,
@@ -31,10 +33,13 @@ __all__ = [
     "OptimConfig",
     "Rollout",
     "RolloutConfig",
+    "Runtime",
     "SignalConfig",
+    "StepOutput",
     "TrainConfig",
     "Trainer",
     "aggregate",
+    "build_runtime",
     "evaluate",
     "evaluate_model",
     "format_summary",

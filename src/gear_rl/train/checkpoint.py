@@ -1,7 +1,8 @@
-"""Atomic checkpoints: ``RUN_DIR/checkpoints/step-000010/`` with the fp32 weights
-(safetensors), the optimiser state, and ``state.json`` (step, RNG states). A checkpoint is written
-into a temporary folder and renamed into place, then ``RUN_DIR/checkpoints/latest`` (a one-line
-file) is replaced atomically; an interrupted write leaves the previous checkpoint intact."""
+"""The checkpoint format: ``RUN_DIR/checkpoints/step-000010/`` with the fp32 weights
+(safetensors), the optimiser state, and ``state.pt`` (step, RNG states). A checkpoint is written
+into a temporary folder and renamed into place, then ``checkpoints/latest`` is replaced atomically
+(paths and atomic writes: :mod:`gear_rl.rundir`); an interrupted write leaves the previous
+checkpoint intact."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from gear_rl.rundir import RunDir
 
 __all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint",
            "set_rng_state"]
@@ -41,17 +44,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
-    run_dir: str | Path,
+    run_dir: str | Path | RunDir,
     step: int,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -62,10 +56,11 @@ def save_checkpoint(
 
     Returns the checkpoint folder.
     """
-    root = Path(run_dir) / "checkpoints"
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    root = run.checkpoints
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}"
+    final = run.checkpoint_folder(step)
+    tmp = root / f".tmp-{final.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -85,21 +80,17 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _write_atomic(root / "latest", final.name + "\n")
-    checkpoints = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    run.point_latest(final)
+    checkpoints = run.checkpoint_folders()
     for old in checkpoints[:-keep] if keep > 0 else []:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
+def latest_checkpoint(run_dir: str | Path | RunDir) -> Path | None:
     """The folder named by ``RUN_DIR/checkpoints/latest``, or None when there is none."""
-    pointer = Path(run_dir) / "checkpoints" / "latest"
-    if not pointer.is_file():
-        return None
-    folder = pointer.parent / pointer.read_text().strip()
-    return folder if (folder / "state.pt").is_file() else None
+    return (run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)).latest_checkpoint()
 
 
 def load_checkpoint(

@@ -1,0 +1,233 @@
+"""The run directory: its layout, its atomic writes and its readers, in one place.
+
+A run of ``gear-rl train`` lives in one folder::
+
+    RUN_DIR/
+      config.yaml         the resolved TrainConfig (what resume and compare read)
+      run.json            facts of the run (task sizes, device, dtypes, torch version, argv)
+      metrics.jsonl       one JSON object per step (and per evaluation)
+      samples.jsonl       a few trajectories per step with their per-token signals
+      summary.json        written when the run finishes (its absence marks an unfinished run)
+      checkpoints/        step-NNNNNN/ folders and the one-line pointer ``latest``
+      tensorboard/        TensorBoard event files
+
+The trainer writes it, ``gear-rl report`` / ``compare`` read it, and checkpoints are saved inside
+it; every module that touches a run directory goes through the names and functions here. Whole
+files are written atomically (temporary file in the same folder, fsync, rename), and the
+line-oriented logs are appended one complete line at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "CHECKPOINTS",
+    "CONFIG",
+    "METRICS",
+    "RUN_INFO",
+    "SAMPLES",
+    "SUMMARY",
+    "TENSORBOARD",
+    "RunDir",
+    "append_jsonl",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "read_jsonl",
+]
+
+CONFIG = "config.yaml"
+RUN_INFO = "run.json"
+METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+TENSORBOARD = "tensorboard"
+LATEST = "latest"
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so a
+    reader (or a crash) never leaves a half-written file; ``fsync`` makes the bytes durable
+    before the rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as handle:
+            handle.write(data)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> None:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` file, one per non-empty line ([] when the file is
+    missing). A malformed line raises ``ValueError`` naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{number}: expected a JSON object, got "
+                             f"{type(record).__name__}")
+        out.append(record)
+    return out
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line (written with a single ``write`` call)."""
+    with Path(path).open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+class RunDir:
+    """One run directory (see the module docstring for the layout).
+
+    Args:
+        path: the folder (created by :meth:`create`, or an existing run).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    # ---- paths
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / SAMPLES
+
+    @property
+    def summary_path(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / TENSORBOARD
+
+    # ---- facts
+    def is_run(self) -> bool:
+        """Whether the folder holds a gear-rl run (its ``config.yaml``)."""
+        return self.config_path.is_file()
+
+    def has_checkpoint(self) -> bool:
+        return self.checkpoints.exists()
+
+    def finished(self) -> bool:
+        """Whether the run wrote its summary (it completed every configured step)."""
+        return self.summary_path.is_file()
+
+    # ---- writing
+    def create(self, config: dict[str, Any], info: dict[str, Any]) -> None:
+        """Start a new run here: the resolved config, the run facts, empty logs."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.config_path, yaml.safe_dump(config, sort_keys=False))
+        atomic_write_text(self.path / RUN_INFO, json.dumps(info, indent=2) + "\n")
+        for name in (METRICS, SAMPLES):
+            atomic_write_text(self.path / name, "")
+
+    def append_metrics(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.metrics_path, record)
+
+    def append_sample(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.samples_path, record)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
+
+    def truncate_logs(self, last_step: int) -> None:
+        """Drop the metrics and samples of steps after ``last_step`` (logged by an interrupted
+        run after its last checkpoint), atomically."""
+        for path in (self.metrics_path, self.samples_path):
+            if not path.is_file():
+                continue
+            kept = [json.dumps(r) for r in read_jsonl(path) if r["step"] <= last_step]
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    # ---- reading
+    def read_config(self) -> dict[str, Any]:
+        """``config.yaml`` as a dict ({} when absent)."""
+        if not self.config_path.is_file():
+            return {}
+        loaded = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        if loaded is None:
+            return {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{self.config_path}: expected a mapping")
+        return loaded
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.metrics_path)
+
+    def read_samples(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.samples_path)
+
+    def read_summary(self) -> dict[str, Any]:
+        """``summary.json`` ({} when absent: an unfinished run)."""
+        if not self.summary_path.is_file():
+            return {}
+        try:
+            return json.loads(self.summary_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{self.summary_path}: not valid JSON ({error.msg})") from error
+
+    # ---- checkpoints (the format itself: gear_rl.train.checkpoint)
+    def checkpoint_folder(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:06d}"
+
+    def point_latest(self, folder: Path) -> None:
+        """Make ``checkpoints/latest`` name ``folder`` (atomically)."""
+        atomic_write_text(self.checkpoints / LATEST, folder.name + "\n")
+
+    def latest_checkpoint(self) -> Path | None:
+        """The folder ``checkpoints/latest`` names, or None when there is no complete one."""
+        pointer = self.checkpoints / LATEST
+        if not pointer.is_file():
+            return None
+        folder = self.checkpoints / pointer.read_text().strip()
+        return folder if (folder / "state.pt").is_file() else None
+
+    def checkpoint_folders(self) -> list[Path]:
+        """Complete checkpoint folders, oldest first."""
+        if not self.checkpoints.is_dir():
+            return []
+        return sorted(p for p in self.checkpoints.iterdir()
+                      if p.is_dir() and p.name.startswith("step-"))

@@ -1,0 +1,210 @@
+"""What the trainer logs about a step, and the end-of-run summary.
+
+- :func:`batch_metrics`: rollout health (reward, accuracy, mixed groups, lengths, entropy) and
+  the credit diagnostics of :func:`gear_rl.credit.credit_diagnostics` (one set of names for the
+  trainer, TRL and verl), for ``metrics.jsonl``.
+- :func:`sample_records`: a few trajectories per step with every per-token signal (divergence,
+  entropy, weights, segment onsets) for ``samples.jsonl`` and the report's token viewer.
+- :func:`summarize` / :func:`format_summary`: start and end held-out accuracy, reward trend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, gear_segments
+from gear_rl.credit.diagnostics import reference_outcome, token_weights
+from gear_rl.tasks import Problem
+
+__all__ = ["Scores", "StepBatch", "batch_metrics", "format_summary", "sample_records",
+           "summarize"]
+
+
+@dataclass
+class StepBatch:
+    """One rollout batch (``B`` rows: each problem repeated K times, consecutively).
+
+    Attributes:
+        problems: the ``B`` problems. ``group_ids``: their group (problem) index in the step.
+        prompt_ids, teacher_ids, response_ids: token ids per row (teacher: the prompt with the
+            reference hint).
+        finished: ``B`` flags (ended with a stop token). ``texts``: the decoded responses.
+        rewards: ``[B]`` outcome rewards.
+        policy_masks, turn_ids: per row and token (multi-turn tasks; None otherwise).
+        extras: step inputs for the step-level estimators (``CreditBatch.extras``).
+        rollout_metrics: agent / environment statistics of the batch.
+    """
+
+    problems: list[Problem]
+    group_ids: list[int]
+    prompt_ids: list[list[int]]
+    teacher_ids: list[list[int]]
+    response_ids: list[list[int]]
+    finished: list[bool]
+    texts: list[str]
+    rewards: torch.Tensor
+    policy_masks: list[list[int]] | None = None
+    turn_ids: list[list[int]] | None = None
+    extras: dict[str, Any] | None = None
+    rollout_metrics: dict[str, float] | None = None
+
+
+@dataclass
+class Scores:
+    """The no-grad scoring pass over a :class:`StepBatch`; every tensor is ``[B, T]``.
+
+    Attributes:
+        mask: 1 on the policy's own tokens, 0 on padding and observations.
+        old_logprobs: ``log pi_old(a_t | s_t)`` (PPO's ratio denominator). ``entropy``: nats.
+        divergence, teacher_logprobs: teacher signals (None when the estimator needs none).
+        ref_logprobs: the initial policy's log-probs (None without a KL penalty).
+    """
+
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    entropy: torch.Tensor
+    divergence: torch.Tensor | None = None
+    teacher_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def credit_batch(self, batch: StepBatch) -> CreditBatch:
+        """The estimator's input for ``batch``."""
+        return CreditBatch(
+            rewards=batch.rewards.to(self.mask.device), group_ids=batch.group_ids,
+            mask=self.mask, divergence=self.divergence, entropy=self.entropy,
+            student_logprobs=self.old_logprobs, teacher_logprobs=self.teacher_logprobs,
+            extras=batch.extras or {},
+        )
+
+
+def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
+                  estimator: Estimator, credit_config: Any,
+                  samples_per_prompt: int) -> dict[str, float]:
+    """Rollout and credit health numbers of one batch (``advantages``: ``[B, T]``)."""
+    rewards, mask = batch.rewards, scores.mask
+    tokens = mask.sum().clamp(min=1.0)
+    groups = rewards.view(-1, samples_per_prompt)
+    lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
+    out = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "accuracy": float((rewards >= 1.0).float().mean()),
+        "groups_mixed": float((groups.max(1).values > groups.min(1).values).float().mean()),
+        "response_len": float(lengths.mean()),
+        "truncated": 1.0 - sum(batch.finished) / len(batch.finished),
+        "entropy_mean": float((scores.entropy * mask).sum() / tokens),
+    }
+    if scores.ref_logprobs is not None:
+        out["ref_kl"] = float(((scores.old_logprobs - scores.ref_logprobs) * mask).sum()
+                              / tokens)
+    out.update(credit_diagnostics(estimator, credit_config, scores.credit_batch(batch),
+                                  advantages))
+    out.update(batch.rollout_metrics or {})
+    return out
+
+
+def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, step: int, *,
+                   estimator: Estimator, credit_config: Any, tokenizer: Any, task: Any,
+                   count: int, samples_per_prompt: int) -> list[dict[str, Any]]:
+    """Up to ``count`` trajectories with their per-token signals (for the report's token
+    viewer): alternately the best and worst rewarded rows of mixed groups first."""
+    if count == 0:
+        return []
+    k = samples_per_prompt
+    chosen: list[int] = []
+    for group in range(len(batch.response_ids) // k):
+        rows = list(range(group * k, (group + 1) * k))
+        rewards = batch.rewards[rows]
+        if float(rewards.max()) > float(rewards.min()):
+            chosen += [rows[int(rewards.argmax())], rows[int(rewards.argmin())]]
+    chosen += [i for i in range(len(batch.response_ids)) if i not in chosen]
+    credit_batch = scores.credit_batch(batch)
+    scalar = reference_outcome(credit_batch, credit_config).float()
+    weights = (token_weights(scalar, advantages, scores.mask) if estimator.uses_reward
+               else None)
+    segments = None
+    if estimator.segments and scores.divergence is not None:
+        segments = gear_segments(scores.divergence, scores.entropy, scores.mask, credit_config)
+    out = []
+    for row in chosen[:count]:
+        length = len(batch.response_ids[row])
+        record: dict[str, Any] = {
+            "step": step, "row": row, "group": batch.group_ids[row],
+            "problem_id": batch.problems[row].id,
+            "prompt": tokenizer.decode(batch.prompt_ids[row]),
+            "answer": batch.problems[row].answer, "response": batch.texts[row],
+            "extracted": task.extract(batch.texts[row]),
+            "reward": float(batch.rewards[row]), "advantage": float(scalar[row]),
+            "finished": batch.finished[row],
+            "tokens": [tokenizer.decode([t]) for t in batch.response_ids[row]],
+            "token_ids": batch.response_ids[row],
+        }
+        if batch.turn_ids is not None:
+            # multi-turn: mask 0 marks observation tokens; the transcript shows them
+            record["turn_ids"] = batch.turn_ids[row]
+            record["transcript"] = tokenizer.decode(batch.response_ids[row],
+                                                    skip_special_tokens=False)
+
+        def values(tensor: torch.Tensor | None, row: int = row, length: int = length):
+            return (None if tensor is None
+                    else [round(float(v), 5) for v in tensor[row, :length]])
+
+        record["mask"] = [int(v) for v in scores.mask[row, :length]]
+        record["entropy"] = values(scores.entropy)
+        record["divergence"] = values(scores.divergence)
+        record["student_logprobs"] = values(scores.old_logprobs)
+        record["teacher_logprobs"] = values(scores.teacher_logprobs)
+        record["token_advantage"] = values(advantages)
+        record["weight"] = values(weights)
+        record["segment_onset"] = (None if segments is None
+                                   else [int(v) for v in segments[row, :length]])
+        out.append(record)
+    return out
+
+
+def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator: str,
+              model: str, task: str, seconds: float) -> dict[str, Any]:
+    """Start/end held-out accuracy, reward trend and timings from the run's metric records."""
+    key = f"eval/mean@{k}"
+    evals = [(r["step"], r[key], r[f"eval/pass@{k}"]) for r in history if key in r]
+    steps = [r for r in history if "reward_mean" in r]
+    head, tail = steps[:5], steps[-5:]
+
+    def mean(records: list[dict[str, Any]], name: str) -> float | None:
+        values = [r[name] for r in records if name in r]
+        return sum(values) / len(values) if values else None
+
+    out: dict[str, Any] = {
+        "run_dir": run_dir, "estimator": estimator, "model": model, "task": task,
+        "steps": len(steps), "seconds_this_session": round(seconds, 1),
+        "step_seconds_mean": mean(steps, "time/step"),
+        "reward_first5": mean(head, "reward_mean"), "reward_last5": mean(tail, "reward_mean"),
+    }
+    if evals:
+        out[f"eval_start_mean@{k}"] = evals[0][1]
+        out[f"eval_end_mean@{k}"] = evals[-1][1]
+        out[f"eval_start_pass@{k}"] = evals[0][2]
+        out[f"eval_end_pass@{k}"] = evals[-1][2]
+        out["eval_history"] = evals
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The one-screen end summary."""
+    lines = ["", "=" * 64, f"gear-rl train: {summary['estimator']} on {summary['model']}",
+             f"task       {summary['task']}",
+             f"steps      {summary['steps']}   ({summary['seconds_this_session']:.0f} s this "
+             f"invocation, {summary['step_seconds_mean'] or 0:.1f} s/step)"]
+    if summary.get("reward_first5") is not None:
+        lines.append(f"reward     first 5 steps {summary['reward_first5']:.3f}  ->  last 5 "
+                     f"{summary['reward_last5']:.3f}")
+    for key in [k for k in summary if k.startswith("eval_start_")]:
+        metric = key.removeprefix("eval_start_")
+        start, end = summary[key], summary[f"eval_end_{metric}"]
+        lines.append(f"held-out   {metric:<8} {start:.3f}  ->  {end:.3f}  ({end - start:+.3f})")
+    lines += [f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, tensorboard/, "
+              "checkpoints/)", "=" * 64]
+    return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""What a run needs before its first step, built once for ``gear-rl train`` and ``gear-rl eval``:
+the device and precision, the policy and its tokenizer, the sampler copy, the stop and padding
+ids, the task, and the Python sandbox of tool-using tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from gear_rl.rundir import RunDir
+from gear_rl.tasks import Task, load_task
+from gear_rl.train.config import TrainConfig
+from gear_rl.train.episodes import AgentLimits
+from gear_rl.train.rollout import stop_token_ids
+
+if TYPE_CHECKING:
+    from gear_rl.agent.tools import PythonSandbox
+
+__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "resolve_device"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; anything else as given."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available")
+    return device
+
+
+def bf16_is_native(device: torch.device) -> bool:
+    """True where bf16 matmuls are fast: CUDA with bf16 support, or a CPU with AVX-512 (BF16 /
+    AMX on recent Xeons). On an AVX2-only CPU bf16 is emulated and slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            return False
+    return False
+
+
+def agent_limits(config: TrainConfig, *, evaluation: bool = False) -> AgentLimits:
+    """The multi-turn limits of ``config.agent`` (evaluation: at least ``eval.max_new_tokens``
+    per turn)."""
+    agent = config.agent
+    per_turn = agent.max_new_tokens_per_turn
+    if evaluation:
+        per_turn = max(per_turn, config.eval.max_new_tokens)
+    return AgentLimits(max_turns=agent.max_turns, max_new_tokens_per_turn=per_turn,
+                       max_response_tokens=agent.max_response_tokens,
+                       max_observation_tokens=agent.max_observation_tokens)
+
+
+def task_sandbox(task: Task, config: TrainConfig) -> PythonSandbox | None:
+    """A :class:`~gear_rl.agent.tools.PythonSandbox` with ``config.agent``'s limits when
+    ``task`` runs Python tool calls, else None. The caller closes it."""
+    if task.agent is None or task.agent.tool != "python":
+        return None
+    from gear_rl.agent.tools import PythonSandbox
+
+    return PythonSandbox(workers=config.agent.sandbox_workers,
+                         timeout_s=config.agent.sandbox_timeout_s,
+                         memory_mb=config.agent.sandbox_memory_mb)
+
+
+@dataclass
+class Runtime:
+    """A built run.
+
+    Attributes:
+        device: where the policy lives. ``autocast``: training and scoring forwards run under
+            bf16 autocast (weights stay fp32).
+        model: the fp32 policy (trained, and scored with).
+        tokenizer: its tokenizer. ``stop_ids``, ``pad_id``: end-of-turn ids and padding.
+        sampler: what generates: a bf16 copy of the policy refreshed after every update
+            (``rollout.dtype``), or the policy itself.
+        task: problems, scorer and, for agents and environments, their specs.
+        sandbox: warm Python workers for tool calls (tool tasks only), closed by :meth:`close`.
+    """
+
+    device: torch.device
+    autocast: bool
+    model: torch.nn.Module
+    tokenizer: Any
+    sampler: torch.nn.Module
+    stop_ids: list[int]
+    pad_id: int
+    task: Task
+    sandbox: PythonSandbox | None
+
+    def autocast_context(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on the run's device, or a no-op."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def sync_sampler(self) -> None:
+        """Copy the policy's weights into the sampler (after an update or a checkpoint load)."""
+        if self.sampler is self.model:
+            return
+        with torch.no_grad():
+            for target, source in zip(self.sampler.parameters(), self.model.parameters(),
+                                      strict=True):
+                target.copy_(source)
+
+    def close(self) -> None:
+        """Stop the sandbox workers, if any."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+
+
+def _checkpoint_folder(path: str | Path) -> Path:
+    """A checkpoint folder itself, or a run directory's latest checkpoint."""
+    folder = Path(path)
+    if (folder / "model.safetensors").is_file():
+        return folder
+    found = RunDir(folder).latest_checkpoint()
+    if found is None:
+        raise ValueError(f"checkpoint: {folder} is neither a checkpoint folder nor a run "
+                         "directory with one")
+    return found
+
+
+def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
+                  tokenizer: Any = None, task: Task | None = None,
+                  checkpoint: str | Path | None = None, training: bool = True) -> Runtime:
+    """Build everything ``config`` names (validated first).
+
+    Args:
+        config: the run's config.
+        model, tokenizer: an already-loaded policy (tests); None loads ``config.model``.
+        task: an already-built task; None builds ``config.task``.
+        checkpoint: weights to load into the policy (a checkpoint folder or a run directory).
+        training: keep an fp32 policy beside a bf16 sampler copy; ``False`` (evaluation) casts
+            the policy itself to the sampler's dtype.
+    """
+    config.validate()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    fast_bf16 = bf16_is_native(device)
+    autocast = config.precision == "bf16" or (config.precision == "auto" and fast_bf16)
+    sampler_bf16 = config.rollout.dtype == "bf16" or (config.rollout.dtype == "auto"
+                                                      and fast_bf16)
+    if model is None:
+        from gear_rl.models import load_policy
+
+        model, tokenizer = load_policy(config.model, dtype=torch.float32, device=device,
+                                       seed=config.seed)
+    elif tokenizer is None:
+        raise ValueError("tokenizer is required when model is given")
+    model = model.to(device).float()
+    model.eval()  # no dropout: the loss must score the sampling distribution
+    if checkpoint is not None:
+        from gear_rl.train.checkpoint import load_checkpoint
+
+        load_checkpoint(_checkpoint_folder(checkpoint), model)
+    if not sampler_bf16:
+        sampler = model
+    elif training:
+        sampler = copy.deepcopy(model).to(torch.bfloat16)
+    else:
+        sampler = model = model.to(torch.bfloat16)
+    stops = stop_token_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id
+    if task is None:
+        task = load_task(config.task, options=config.task_options,
+                         train_size=config.train_size, eval_size=config.eval.size, seed=0,
+                         instruction=config.instruction, eval_path=config.eval_data)
+    return Runtime(device=device, autocast=autocast, model=model, tokenizer=tokenizer,
+                   sampler=sampler, stop_ids=stops, pad_id=int(pad if pad is not None
+                                                               else stops[0]),
+                   task=task, sandbox=task_sandbox(task, config))
