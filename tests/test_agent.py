@@ -247,7 +247,8 @@ def test_json_calls_unknown_tools_and_tool_errors(tokenizer):
         "parallel\n": ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n'
                        '{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>', f"z{EOS}"],
     })
-    config = AgentConfig(tool_format="json")
+    # the scripted calls are long in a character-level tokenizer
+    config = AgentConfig(tool_format="json", max_new_tokens_per_turn=256)
     add, unknown, broken, raises, parallel = run_agent(script.prompt_ids(), script, tokenizer,
                                                        config, scripted_functions)
     assert add.turns[0].observation == "\n<tool_response>\n5\n</tool_response>\n"
@@ -266,7 +267,8 @@ def test_function_calling_stops_at_the_call(tokenizer):
         '<think>easy</think>\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
         " trailing text the model kept writing"]})
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
-                             AgentConfig(tool_format="json", stop_after_tool_call=True))
+                             AgentConfig(tool_format="json", stop_after_tool_call=True,
+                                         max_new_tokens_per_turn=256))
     assert trajectory.finish_reason == "tool_call"
     assert trajectory.final_text.endswith("</tool_call>")
     assert trajectory.turns[0].parsed.calls == (ToolCall("f", {"x": 1}),)

@@ -11,6 +11,7 @@ Importing this package does not import torch.
 
 from gear_rl.agent.loop import (
     AgentConfig,
+    AgentLimits,
     GenerateFn,
     PythonExecutor,
     ToolExecutor,
@@ -43,6 +44,7 @@ __all__ = [
     "PYTHON_FORMAT",
     "PYTHON_TOOL_INSTRUCTIONS",
     "AgentConfig",
+    "AgentLimits",
     "GenerateFn",
     "ParsedTurn",
     "PythonExecutor",

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AgentConfig",
+    "AgentLimits",
     "GenerateFn",
     "PythonExecutor",
     "ToolExecutor",
@@ -125,35 +126,49 @@ class PythonExecutor:
 
 # --- config and records ---------------------------------------------------------------------
 @dataclass(frozen=True)
-class AgentConfig:
-    """Rollout limits, the tool-call format, and how over-long observations are cut.
+class AgentLimits:
+    """How long a multi-turn episode may run: the one home of these knobs and their defaults
+    (the trainer's ``agent.*`` section takes its defaults from here).
 
     Attributes:
-        tool_format: ``"python"``, ``"markdown"``, ``"json"`` or a :class:`ToolCallFormat`.
-        max_turns: policy turns per trajectory (tool calls are made in all but the last).
+        max_turns: policy turns per episode (tool calls are made in all but the last).
         max_new_tokens_per_turn: generation cap of one turn.
         max_response_tokens: budget of the whole response (policy and observation tokens).
         max_observation_tokens: observation content is cut to this many tokens (a marker says so).
+    """
+
+    max_turns: int = 4
+    max_new_tokens_per_turn: int = 64
+    max_response_tokens: int = 384
+    max_observation_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_new_tokens_per_turn", "max_response_tokens",
+                     "max_observation_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class AgentConfig(AgentLimits):
+    """The episode limits (:class:`AgentLimits`), the tool-call format, and how over-long
+    observations are cut.
+
+    Attributes:
+        tool_format: ``"python"``, ``"markdown"``, ``"json"`` or a :class:`ToolCallFormat`.
         stop_after_tool_call: the first tool call ends the episode without running it (function
             calling evaluated against a reference, e.g. ToolRL and BFCL).
         truncation_marker: appended to a cut observation.
     """
 
     tool_format: str | ToolCallFormat = "python"
-    max_turns: int = 4
-    max_new_tokens_per_turn: int = 256
-    max_response_tokens: int = 1024
-    max_observation_tokens: int = 256
     stop_after_tool_call: bool = False
     truncation_marker: str = "\n...[truncated]"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         get_format(self.tool_format)
-        for name in ("max_turns", "max_new_tokens_per_turn", "max_response_tokens",
-                     "max_observation_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
 
     @property
     def format(self) -> ToolCallFormat:

@@ -22,36 +22,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gear_rl.agent.loop import AgentLimits
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.rollout import sample_responses
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["AgentLimits", "Rows", "collect", "decode_response"]
+__all__ = ["Rows", "collect", "decode_response", "task_turns"]
+
+
+def task_turns(task: Task) -> int | None:
+    """The policy turns per episode a multi-turn task asks for (None: single-turn)."""
+    spec = task.env if task.env is not None else task.agent
+    return None if spec is None else spec.max_turns
 
 
 def decode_response(tokenizer, response_ids: Sequence[int], finished: bool) -> str:
     """Text of a response without its end-of-turn token (and without special tokens)."""
     ids = list(response_ids[:-1] if finished else response_ids)
     return tokenizer.decode(ids, skip_special_tokens=True)
-
-
-@dataclass(frozen=True)
-class AgentLimits:
-    """Multi-turn limits (agent and environment tasks).
-
-    Attributes:
-        max_turns: policy turns per episode (None: the task's own).
-        max_new_tokens_per_turn: generation cap of one turn.
-        max_response_tokens: budget of a whole response, policy and observation tokens.
-        max_observation_tokens: a tool output is cut to this many tokens.
-    """
-
-    max_turns: int | None = None
-    max_new_tokens_per_turn: int = 64
-    max_response_tokens: int = 512
-    max_observation_tokens: int = 128
 
 
 @dataclass
@@ -125,12 +115,15 @@ def collect(
         stop_ids, pad_id, temperature, top_p, generator, batch_size: sampling (see
             :func:`gear_rl.train.rollout.sample_responses`).
         max_new_tokens: the response cap of a single-turn task.
-        limits: multi-turn limits (default :class:`AgentLimits`).
+        limits: multi-turn limits (default: :class:`~gear_rl.agent.loop.AgentLimits`'s, with
+            the task's own turn count).
         sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
     """
     if len(problems) != len(prompts):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
-    limits = limits or AgentLimits()
+    if limits is None:
+        turns = task_turns(task)
+        limits = AgentLimits() if turns is None else AgentLimits(max_turns=turns)
     generate = _generate_fn(model, stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
                             top_p=top_p, generator=generator, batch_size=batch_size)
     if task.env is not None:
@@ -166,7 +159,7 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
             raise ValueError(f"task {task.name!r} runs Python tool calls: pass a sandbox")
         executor = PythonExecutor(sandbox)
     config = AgentConfig(
-        tool_format=spec.tool_format, max_turns=limits.max_turns or spec.max_turns,
+        tool_format=spec.tool_format, max_turns=limits.max_turns,
         max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
         max_response_tokens=limits.max_response_tokens,
         max_observation_tokens=limits.max_observation_tokens,
@@ -194,7 +187,7 @@ def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
     envs = [spec.make() for _ in problems]
     episodes = run_env_episodes(
         envs, [int(p.metadata["env_seed"]) for p in problems], prompts, generate, tokenizer,
-        stop_ids=stop_ids, max_turns=limits.max_turns or spec.max_turns,
+        stop_ids=stop_ids, max_turns=limits.max_turns,
         max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
         max_response_tokens=limits.max_response_tokens)
     return Rows(

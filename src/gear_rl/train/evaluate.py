@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gear_rl.agent.loop import AgentLimits
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.episodes import AgentLimits, collect, decode_response
+from gear_rl.train.episodes import collect, decode_response
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox

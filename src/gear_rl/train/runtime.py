@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gear_rl.agent.loop import AgentLimits
 from gear_rl.rundir import RunDir
 from gear_rl.tasks import Task, load_task
 from gear_rl.train.config import TrainConfig
-from gear_rl.train.episodes import AgentLimits
+from gear_rl.train.episodes import task_turns
 from gear_rl.train.rollout import stop_token_ids
 
 if TYPE_CHECKING:
@@ -47,14 +48,16 @@ def bf16_is_native(device: torch.device) -> bool:
     return False
 
 
-def agent_limits(config: TrainConfig, *, evaluation: bool = False) -> AgentLimits:
-    """The multi-turn limits of ``config.agent`` (evaluation: at least ``eval.max_new_tokens``
-    per turn)."""
+def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -> AgentLimits:
+    """The multi-turn limits of ``config.agent`` for ``task`` (``agent.max_turns`` unset: the
+    task's own; evaluation: at least ``eval.max_new_tokens`` per turn)."""
     agent = config.agent
     per_turn = agent.max_new_tokens_per_turn
     if evaluation:
         per_turn = max(per_turn, config.eval.max_new_tokens)
-    return AgentLimits(max_turns=agent.max_turns, max_new_tokens_per_turn=per_turn,
+    turns = agent.max_turns if agent.max_turns is not None else task_turns(task)
+    return AgentLimits(max_turns=turns or AgentLimits.max_turns,
+                       max_new_tokens_per_turn=per_turn,
                        max_response_tokens=agent.max_response_tokens,
                        max_observation_tokens=agent.max_observation_tokens)
 

@@ -252,7 +252,7 @@ class Trainer:
             tokenizer=self.tokenizer, stop_ids=self.stop_ids, pad_id=self.pad_id,
             temperature=config.temperature, top_p=config.top_p, generator=generator,
             max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
-            limits=agent_limits(self.config), sandbox=self.sandbox,
+            limits=agent_limits(self.config, self.task), sandbox=self.sandbox,
         )
         return StepBatch(problems=problems, group_ids=group_ids,
                          prompt_ids=[s for s, _ in pairs], teacher_ids=[t for _, t in pairs],
@@ -530,7 +530,7 @@ def _evaluate(config: TrainConfig, sampler, tokenizer, task, stop_ids, pad_id,
                     top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
                     seed=settings.seed, stop_ids=stop_ids, pad_id=pad_id,
                     batch_size=settings.batch_size,
-                    limits=agent_limits(config, evaluation=True), sandbox=sandbox)
+                    limits=agent_limits(config, task, evaluation=True), sandbox=sandbox)
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
