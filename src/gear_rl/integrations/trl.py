@@ -1,27 +1,63 @@
-"""GEAR inside TRL: ``GEARTrainer``, a ``trl.GRPOTrainer`` with token-level GEAR advantages.
+"""gear-rl's credit estimators inside TRL: ``CreditGRPOTrainer``, a ``trl.GRPOTrainer`` whose
+advantages are a registered estimator's per-token ``[B, T]`` advantages (GEAR by default).
 
 GEAR: "Granularity-adaptivE Advantage Reweighting", arXiv 2605.11853.
 
 TRL 1.16's ``GRPOTrainer._generate_and_score_completions`` returns one advantage per completion
 (``[B]``) and its ``_compute_loss`` unsqueezes advantages only when they are 1-D, so ``[B, T]``
-advantages flow into every loss type unchanged. ``GEARTrainer`` overrides only the first: after
-TRL has sampled, scored and group-normalised as configured, it
+advantages flow into every loss type unchanged. ``CreditGRPOTrainer`` overrides only the first:
+after TRL has sampled, scored and group-normalised as configured, it
 
-1. builds each completion's teacher prompt: the prompt ids TRL sampled with, with the example's
-   reference (dataset column ``reference_column``) spliced in as a delimited hint
-   (``gear_rl.integrations.teacher_inputs``);
-2. runs the signal pass (``gear_rl.signals.token_signals``) on the policy model: student entropy
-   and the reverse KL to the teacher, ``full`` over the vocabulary by default (the trainer holds
-   both distributions), without materialising ``[B, T, V]`` and without gradients;
-3. reshapes TRL's trajectory advantage ``A_i`` into ``W_t * A_i`` with
-   ``gear_rl.credit.gear_advantages``, normalising over ``completion_mask * tool_mask`` (tool
-   output stays in the context, out of every statistic).
+1. builds each completion's teacher prompt when the estimator reads teacher signals: the prompt
+   ids TRL sampled with, with the example's reference (dataset column ``reference_column``)
+   spliced in as the library's delimited hint (``gear_rl.integrations.teacher_inputs``,
+   wording from ``gear_rl.signals.TeacherPromptConfig``: the same ids the built-in trainer
+   builds);
+2. runs the signals the estimator declares in ``needs`` on the policy model, without gradients
+   and without materialising ``[B, T, V]``: the student and teacher pass
+   (``gear_rl.signals.token_signals``, reverse KL ``full`` over the vocabulary by default,
+   since TRL holds both distributions) when it needs teacher signals, the student pass alone
+   (``response_logprobs``) when it needs only entropy or log-probs, nothing for GRPO/Dr.GRPO;
+3. reshapes TRL's trajectory advantage into the estimator's token advantages over the policy
+   mask ``completion_mask * tool_mask`` (tool output stays in the context, out of every
+   statistic).
+
+Which estimators: every registered one (``gear_rl.credit.get_estimator``, plugins included) that
+is token-level (not ``step_level``: TRL passes no turn spans), puts the reward in the loss
+(``uses_reward``; ``opsd`` has no advantage) and adds no self-distillation loss (TRL's loss has
+no such term). :func:`trl_estimator_names` lists them.
+
+Outcome advantage. TRL's ``A_i`` is kept with all its semantics (``scale_rewards``, its ``1e-4``
+in the std, ``multi_objective_aggregation``, reward weights, zero for unscorable completions).
+Registry estimators compute their own GRPO advantage from rewards, so the trainer gives them
+TRL's ``A`` as the rewards of TRL's groups (``num_generations`` consecutive completions) and
+keeps only the per-token weight they put on their own outcome advantage ``A_reg``
+(``gear_rl.credit.diagnostics.reference_outcome``)::
+
+    W_t    = estimator(batch, config)_t / A_reg      (token_weights)
+    Ahat_t = W_t * A_i * mask_t
+
+This is exact for every built-in estimator: each is ``W(sign(A), signals) * A`` with ``W`` not
+depending on ``|A|`` (GEAR's weights read only the sign, the top-entropy mask and RLSD's ratio
+likewise), and with TRL's default ``sum_then_normalize`` ``A`` is centred in each group, so the
+group normalisation of ``A`` keeps every row's sign. So GEAR here is
+``gear_advantages(A, divergence, entropy, mask, config)`` on TRL's ``A``, top-entropy
+``top_entropy_advantages(A, ...)``, RLSD ``rlsd_advantages(A, ...)``, GRPO ``A`` on every token. A
+plugin is held to the same contract (its credit is a token weight times its outcome advantage),
+which is also what the ``weight_mean_*`` diagnostics assume.
+
+Fallback: a row with ``A_i != 0`` whose ``A_reg`` is 0 or of the other sign has no registry weight
+that fits TRL's advantage (``normalize_then_sum`` does not centre per group; a group split across
+processes is seen in part). It keeps TRL's ``A_i`` on every policy token (``W = 1``, GRPO's
+credit) rather than losing its learning signal to ``W = 0``, and ``gear/outcome_fallback_frac``
+counts such rows.
 
 Everything else (generation, rewards, loss, logging, vLLM, multi-process) is TRL's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,217 +65,334 @@ from typing import Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from gear_rl.credit import GEARConfig, gear_advantages, gear_segments, gear_weights
-from gear_rl.credit.config import NORMALIZE_MODES, SEGMENTATION_MODES
+from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, get_estimator, load_plugins
+from gear_rl.credit.diagnostics import reference_outcome, token_weights
+from gear_rl.credit.registry import ESTIMATORS as REGISTRY
+from gear_rl.credit.registry import estimator_names
 from gear_rl.integrations.teacher_inputs import (
     APPENDED,
     NO_REFERENCE,
     RERENDERED,
     SPLICED_HEAD,
     SPLICED_TAIL,
+    lookup_reference,
     teacher_prompt_ids,
 )
 from gear_rl.signals import ESTIMATORS as DIVERGENCE_ESTIMATORS
-from gear_rl.signals import TeacherPromptConfig, token_signals
+from gear_rl.signals import TeacherPromptConfig, response_logprobs, token_signals
 from gear_rl.signals import prompt_ids as render_prompt_ids
 from gear_rl.signals.teacher import PLACEMENTS, REFERENCE_KINDS
 
+# Config field -> TeacherPromptConfig field, for the hint wording overrides.
+_TEMPLATE_FIELDS = {"teacher_answer_template": "answer_template",
+                    "teacher_solution_template": "solution_template",
+                    "teacher_tool_call_template": "tool_call_template"}
+_HOWS = (SPLICED_HEAD, SPLICED_TAIL, RERENDERED, APPENDED, NO_REFERENCE)
+
+
+def _unsupported(estimator: Estimator) -> str | None:
+    """Why TRL cannot run ``estimator``, or ``None`` when it can."""
+    if estimator.step_level:
+        return "step-level: TRL passes no turn spans"
+    if not estimator.uses_reward:
+        return "its reward does not enter the loss"
+    if estimator.self_distillation:
+        return "it needs a self-distillation loss TRL's GRPO loss does not have"
+    return None
+
+
+def trl_estimator_names() -> list[str]:
+    """The registered estimators ``CreditGRPOTrainer`` can run (after any plugins loaded)."""
+    return [n for n in estimator_names(step_level=False) if _unsupported(REGISTRY[n]) is None]
+
+
+def trl_estimator(name: str) -> Estimator:
+    """The registered estimator ``name`` if TRL can run it; otherwise one line naming the valid
+    ones."""
+    try:
+        estimator = get_estimator(name)
+    except ValueError:
+        reason = "not registered (an estimator from another module needs plugins=[<module>])"
+    else:
+        reason = _unsupported(estimator)
+        if reason is None:
+            return estimator
+    raise ValueError(f"estimator={name!r} cannot run in TRL ({reason}); "
+                     f"choose one of {trl_estimator_names()}")
+
 
 @dataclass
-class GEARGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus GEAR's knobs (DESIGN.md, "GEAR, as this project specifies it").
+class CreditGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` plus the credit estimator and how TRL feeds it.
+
+    The estimator's own knobs live in its config dataclass (``gear_rl.credit``) and are set
+    through ``credit``; the fields here are the integration's.
 
     Attributes:
+        estimator: a registered token-level estimator (:func:`trl_estimator_names`).
+        credit: the estimator's config fields, e.g. ``{"lambda_kl": 0.1, "alpha": 1.0}`` for
+            GEAR (``None``: its defaults); a JSON string is accepted from the command line.
+        plugins: modules imported first; they register more estimators.
         reference_column: dataset column with each example's reference (final answer, solution
-            or gold tool call); non-string values are JSON-encoded. Rows without one keep the
+            or gold tool call), or a dotted path into a nested column (``reward_model.ground_truth``
+            in verl-style data); non-string values are JSON-encoded. Rows without one keep the
             student prompt as teacher (zero divergence).
-        gear_reference_kind: ``answer``, ``solution`` or ``tool_call`` (which hint wording).
-        gear_placement: where the hint goes: ``user_end``, ``new_user_turn`` or ``system``.
-        gear_divergence: ``full`` (exact reverse KL), ``topk``, ``k1`` or ``k3``.
-        gear_topk: support size for ``gear_divergence="topk"``.
-        gear_lambda_kl: onset threshold on the normalised divergence.
-        gear_lambda_h: segment end where entropy exceeds ``lambda_h`` x the onset's entropy.
-        gear_alpha: weight scale in ``W = alpha * w + beta``.
-        gear_beta: offset in ``W``; ``None`` is ``1 - alpha / 2``.
-        gear_normalize: ``minmax``, ``max`` or ``none``.
-        gear_segmentation: ``kl_entropy`` (GEAR) or an ablation: ``none``, ``kl_only``,
-            ``entropy_only``, ``entropy_window``.
-        gear_window: trailing window for ``entropy_window``.
-        gear_sign_aware: sign-aware weights (``w = u`` on negative trajectories).
-        gear_mean_preserving: rescale ``W`` to mean 1 per trajectory (beyond the paper).
-        gear_chunk_size: response positions per LM-head chunk in the signal pass (``None``: auto).
+        reference_kind: ``answer``, ``solution`` or ``tool_call`` (which hint wording).
+        teacher_placement: where the hint goes: ``user_end``, ``new_user_turn`` or ``system``.
+        teacher_answer_template, teacher_solution_template, teacher_tool_call_template: hint
+            wording per kind; ``None`` is the library's (one hint for every engine).
+        divergence: ``full`` (exact reverse KL), ``topk``, ``k1`` or ``k3``.
+        divergence_topk: support size for ``divergence="topk"``.
+        signal_chunk_size: response positions per LM-head chunk in the signal pass.
     """
 
+    estimator: str = field(default="gear", metadata={
+        "help": "A registered token-level credit estimator (trl_estimator_names()); GEAR, "
+                "arXiv 2605.11853, by default."})
+    credit: dict[str, Any] | str | None = field(default=None, metadata={
+        "help": "The estimator's config fields, e.g. {'lambda_kl': 0.1}; None: its defaults."})
+    plugins: list[str] = field(default_factory=list, metadata={
+        "help": "Modules to import first; they register more estimators."})
     reference_column: str = field(default="reference", metadata={
-        "help": "Dataset column holding each example's reference (answer, solution, tool call)."})
-    gear_reference_kind: str = field(default="answer", metadata={
+        "help": "Dataset column (or dotted path into a nested one) holding each example's "
+                "reference: answer, solution or gold tool call."})
+    reference_kind: str = field(default="answer", metadata={
         "help": "Hint wording: 'answer', 'solution' or 'tool_call'."})
-    gear_placement: str = field(default="user_end", metadata={
+    teacher_placement: str = field(default=TeacherPromptConfig.placement, metadata={
         "help": "Hint placement: 'user_end', 'new_user_turn' or 'system'."})
-    gear_divergence: str = field(default="full", metadata={
-        "help": "Per-token divergence: 'full', 'topk', 'k1' or 'k3'."})
-    gear_topk: int | None = field(default=None, metadata={
-        "help": "Support size for gear_divergence='topk'."})
-    gear_lambda_kl: float = field(default=0.1, metadata={"help": "Onset threshold."})
-    gear_lambda_h: float = field(default=1.5, metadata={"help": "Entropy termination ratio."})
-    gear_alpha: float = field(default=1.0, metadata={"help": "Weight scale alpha."})
-    gear_beta: float | None = field(default=None, metadata={
-        "help": "Weight offset beta (default 1 - alpha/2)."})
-    gear_normalize: str = field(default="minmax", metadata={
-        "help": "Divergence normalisation: 'minmax', 'max' or 'none'."})
-    gear_segmentation: str = field(default="kl_entropy", metadata={
-        "help": "'kl_entropy' (GEAR) or an ablation: 'none', 'kl_only', 'entropy_only', "
-                "'entropy_window'."})
-    gear_window: int = field(default=8, metadata={"help": "Window for 'entropy_window'."})
-    gear_sign_aware: bool = field(default=True, metadata={"help": "Sign-aware weights."})
-    gear_mean_preserving: bool = field(default=False, metadata={
-        "help": "Rescale weights to mean 1 per completion."})
-    gear_chunk_size: int | None = field(default=None, metadata={
-        "help": "Response positions per LM-head chunk in the signal pass."})
+    teacher_answer_template: str | None = field(default=None, metadata={
+        "help": "Hint for an answer reference, with '{reference}'; None: the library's."})
+    teacher_solution_template: str | None = field(default=None, metadata={
+        "help": "Hint for a solution reference, with '{reference}'; None: the library's."})
+    teacher_tool_call_template: str | None = field(default=None, metadata={
+        "help": "Hint for a gold tool call, with '{reference}'; None: the library's."})
+    divergence: str = field(default="full", metadata={
+        "help": "Per-token divergence: 'full' (exact; TRL holds both distributions), 'topk', "
+                "'k1' or 'k3'."})
+    divergence_topk: int | None = field(default=None, metadata={
+        "help": "Support size for divergence='topk'."})
+    signal_chunk_size: int | None = field(default=None, metadata={
+        "help": "Response positions per LM-head chunk in the signal pass (None: automatic)."})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.plugins, str) or not all(isinstance(m, str) for m in self.plugins):
+            raise ValueError(f"plugins must be a list of module names, got {self.plugins!r}")
+        load_plugins(self.plugins)
+        trl_estimator(self.estimator)
+        if isinstance(self.credit, str):
+            try:
+                self.credit = json.loads(self.credit)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"credit must be a JSON object of {self.estimator!r}'s config "
+                                 f"fields, got {self.credit!r}: {error}") from error
+        if self.credit is None:
+            self.credit = {}
+        if not isinstance(self.credit, dict):
+            raise ValueError(f"credit must be a dict of {self.estimator!r}'s config fields, "
+                             f"got {type(self.credit).__name__}")
+        if "eps" in self.credit:
+            raise ValueError("credit['eps'] has no effect in TRL: its advantage adds 1e-4 to the "
+                             "std (scale_rewards decides the normalisation)")
+        config = self.credit_config
+        norm_by_std = getattr(config, "norm_by_std", None)
+        if norm_by_std is not None and norm_by_std != (self.scale_rewards != "none"):
+            raise ValueError(
+                f"estimator={self.estimator!r} has norm_by_std={norm_by_std} but "
+                f"scale_rewards={self.scale_rewards!r}: TRL computes the outcome advantage, so "
+                "set scale_rewards='none' for norm_by_std=False (Dr.GRPO) and 'group' or "
+                "'batch' otherwise")
+        if self.estimator == "top_entropy" and self.top_entropy_quantile < 1.0:
+            raise ValueError("estimator='top_entropy' and top_entropy_quantile < 1.0 both mask "
+                             "the loss by entropy; keep top_entropy_quantile=1.0")
         if not isinstance(self.reference_column, str) or not self.reference_column:
             raise ValueError("reference_column must be a non-empty str")
-        if self.gear_reference_kind not in REFERENCE_KINDS:
-            raise ValueError(f"gear_reference_kind must be one of {REFERENCE_KINDS}, "
-                             f"got {self.gear_reference_kind!r}")
-        if self.gear_placement not in PLACEMENTS:
-            raise ValueError(f"gear_placement must be one of {PLACEMENTS}, "
-                             f"got {self.gear_placement!r}")
-        if self.gear_divergence not in DIVERGENCE_ESTIMATORS:
-            raise ValueError(f"gear_divergence must be one of {DIVERGENCE_ESTIMATORS}, "
-                             f"got {self.gear_divergence!r}")
-        if (self.gear_divergence == "topk") != (self.gear_topk is not None):
-            raise ValueError("gear_topk is required with gear_divergence='topk' and refused "
-                             f"otherwise, got gear_topk={self.gear_topk!r}")
-        if self.gear_normalize not in NORMALIZE_MODES:
-            raise ValueError(f"gear_normalize must be one of {NORMALIZE_MODES}")
-        if self.gear_segmentation not in SEGMENTATION_MODES:
-            raise ValueError(f"gear_segmentation must be one of {SEGMENTATION_MODES}")
-        self.gear_config  # noqa: B018 - builds the credit config, which checks every value
+        if self.reference_kind not in REFERENCE_KINDS:
+            raise ValueError(f"reference_kind must be one of {REFERENCE_KINDS}, "
+                             f"got {self.reference_kind!r}")
+        if self.teacher_placement not in PLACEMENTS:
+            raise ValueError(f"teacher_placement must be one of {PLACEMENTS}, "
+                             f"got {self.teacher_placement!r}")
+        for name in _TEMPLATE_FIELDS:
+            template = getattr(self, name)
+            if template is not None and (not isinstance(template, str)
+                                         or "{reference}" not in template):
+                raise ValueError(f"{name} must be None or a str containing '{{reference}}'")
+        if self.divergence not in DIVERGENCE_ESTIMATORS:
+            raise ValueError(f"divergence must be one of {DIVERGENCE_ESTIMATORS}, "
+                             f"got {self.divergence!r}")
+        if (self.divergence == "topk") != (self.divergence_topk is not None):
+            raise ValueError("divergence_topk is required with divergence='topk' and refused "
+                             f"otherwise, got divergence_topk={self.divergence_topk!r}")
+        if self.signal_chunk_size is not None and (
+                isinstance(self.signal_chunk_size, bool)
+                or not isinstance(self.signal_chunk_size, int) or self.signal_chunk_size < 1):
+            raise ValueError(f"signal_chunk_size must be None or an integer >= 1, "
+                             f"got {self.signal_chunk_size!r}")
 
     @property
-    def gear_config(self) -> GEARConfig:
-        """The knobs as ``gear_rl.credit.GEARConfig``."""
-        return GEARConfig(lambda_kl=self.gear_lambda_kl, lambda_h=self.gear_lambda_h,
-                          alpha=self.gear_alpha, beta=self.gear_beta,
-                          normalize=self.gear_normalize, segmentation=self.gear_segmentation,
-                          window=self.gear_window, sign_aware=self.gear_sign_aware,
-                          mean_preserving=self.gear_mean_preserving)
+    def credit_estimator(self) -> Estimator:
+        """The registered estimator ``estimator`` names."""
+        return trl_estimator(self.estimator)
+
+    @property
+    def credit_config(self) -> Any:
+        """``credit`` as the estimator's config dataclass (``make_config`` checks every value)."""
+        try:
+            return self.credit_estimator.make_config(**(self.credit or {}))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"credit: {error}") from error
 
     @property
     def teacher_prompt_config(self) -> TeacherPromptConfig:
-        """Where and how the reference is shown to the teacher."""
-        return TeacherPromptConfig(placement=self.gear_placement)
+        """Where and how the reference is shown to the teacher (library wording unless set)."""
+        templates = {key: getattr(self, name) for name, key in _TEMPLATE_FIELDS.items()
+                     if getattr(self, name) is not None}
+        return TeacherPromptConfig(placement=self.teacher_placement, **templates)
 
 
-class GEARTrainer(GRPOTrainer):
-    """``GRPOTrainer`` whose advantages are GEAR's per-token ``[B, T]`` advantages.
+def reshape_outcome(estimator: Estimator, config: Any,
+                    batch: CreditBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The estimator's token advantages on a given trajectory advantage (see the module
+    docstring, "Outcome advantage" and "Fallback").
 
-    Takes the same arguments as ``GRPOTrainer``; ``args`` must be a :class:`GEARGRPOConfig` and
-    the dataset must have ``args.reference_column``. Logs ``gear/weight_mean_pos``,
-    ``gear/weight_mean_neg`` (mean ``W`` per advantage sign), ``gear/segment_token_frac``,
-    ``gear/divergence_mean`` and how the teacher prompts were made.
+    Args:
+        estimator: a registered token-level estimator; config: its config.
+        batch: ``rewards`` holds the ``[B]`` trajectory advantage ``A`` to reshape (TRL's),
+            ``group_ids`` its groups, ``mask`` the ``[B, T]`` policy mask, plus the signals the
+            estimator needs.
+
+    Returns:
+        ``([B, T] W * A * mask in float32, [B] bool: rows that fell back to W = 1)``.
+    """
+    outcome = batch.rewards.double()
+    batch = dataclasses.replace(batch, rewards=outcome)
+    registry_advantages = estimator(batch, config).double()
+    registry_outcome = reference_outcome(batch, config).double().to(outcome.device)
+    mask = batch.mask.to(registry_advantages.device)
+    weights = token_weights(registry_outcome, registry_advantages, mask)
+    fallback = (outcome != 0) & (torch.sign(registry_outcome) != torch.sign(outcome))
+    weights = torch.where(fallback[:, None], mask.double(), weights)
+    return (weights * outcome[:, None] * mask.double()).float(), fallback
+
+
+class CreditGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose advantages are a gear-rl estimator's per-token ``[B, T]`` ones.
+
+    Takes the same arguments as ``GRPOTrainer``; ``args`` must be a :class:`CreditGRPOConfig`,
+    and the dataset needs ``args.reference_column`` when the estimator reads teacher signals.
+    Logs ``gear/<name>`` for each credit diagnostic (``gear_rl.credit.credit_diagnostics``),
+    ``gear/outcome_fallback_frac`` and, with a teacher, ``gear/teacher_prompt_<how>_frac``.
     """
 
     def __init__(self, *positional: Any, **kwargs: Any) -> None:
         args = kwargs.get("args", positional[2] if len(positional) > 2 else None)
-        if not isinstance(args, GEARGRPOConfig):
+        if not isinstance(args, CreditGRPOConfig):
             raise ValueError(
-                f"args must be a GEARGRPOConfig (GRPOConfig plus the GEAR knobs), "
+                f"args must be a CreditGRPOConfig (GRPOConfig plus the credit estimator), "
                 f"got {type(args).__name__}"
             )
         super().__init__(*positional, **kwargs)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
-        return self._apply_gear(inputs, output)
+        return self._apply_credit(inputs, output)
 
-    def _apply_gear(self, inputs: list[dict[str, Any]], output: dict[str, Any]) -> dict[str, Any]:
-        """Replace ``output["advantages"]`` (``[B]``, TRL's) by GEAR's ``[B, T]``; returns a new
-        dict (TRL buffers and reuses the old one)."""
-        args: GEARGRPOConfig = self.args  # type: ignore[assignment]
+    def _apply_credit(self, inputs: list[dict[str, Any]],
+                      output: dict[str, Any]) -> dict[str, Any]:
+        """Replace ``output["advantages"]`` (``[B]``, TRL's) by the estimator's ``[B, T]``;
+        returns a new dict (TRL buffers and reuses the old one)."""
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
+        estimator, config = args.credit_estimator, args.credit_config
         advantages = output["advantages"]
         if advantages.dim() != 1:
             raise ValueError(f"expected TRL's [B] advantages, got shape {tuple(advantages.shape)}")
         completion_ids = output["completion_ids"]
-        policy = output["completion_mask"]
-        if output.get("tool_mask") is not None:
-            policy = policy * output["tool_mask"]
         if len(inputs) != completion_ids.shape[0]:
             raise ValueError(f"inputs has {len(inputs)} examples, the batch has "
                              f"{completion_ids.shape[0]} completions")
+        policy = output["completion_mask"]
+        if output.get("tool_mask") is not None:
+            policy = policy * output["tool_mask"]
+        policy = policy.float()
+
         prompts = [row[mask.bool()].tolist()
                    for row, mask in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
-        teacher_prompts, hows = self._teacher_prompts(inputs, prompts)
-
+        hows: list[str] = []
+        signals: dict[str, torch.Tensor] = {}
         model = self.accelerator.unwrap_model(self.model)
         with torch.no_grad():
-            signals = token_signals(
-                model, prompts, teacher_prompts, completion_ids.tolist(),
-                temperature=self.temperature, estimator=args.gear_divergence,
-                topk=args.gear_topk, response_mask=policy, chunk_size=args.gear_chunk_size)
+            if estimator.needs_teacher:
+                teacher_prompts, hows = self._teacher_prompts(inputs, prompts)
+                scores = token_signals(
+                    model, prompts, teacher_prompts, completion_ids.tolist(),
+                    temperature=self.temperature, estimator=args.divergence,
+                    topk=args.divergence_topk, response_mask=policy,
+                    chunk_size=args.signal_chunk_size)
+                signals = {"divergence": scores.divergence, "entropy": scores.entropy,
+                           "student_logprobs": scores.student_logprobs,
+                           "teacher_logprobs": scores.teacher_logprobs}
+            elif estimator.needs:
+                scores = response_logprobs(
+                    model, prompts, completion_ids.tolist(), temperature=self.temperature,
+                    response_mask=policy, chunk_size=args.signal_chunk_size)
+                signals = {"entropy": scores.entropy, "student_logprobs": scores.logprobs}
         device = advantages.device
-        divergence, entropy = signals.divergence.to(device), signals.entropy.to(device)
-        config = args.gear_config
-        token_advantages = gear_advantages(advantages.float(), divergence, entropy, policy, config)
+        batch = CreditBatch(rewards=advantages, group_ids=self._group_ids(len(inputs)),
+                            mask=policy, **{k: v.to(device) for k, v in signals.items()})
+        token_advantages, fallback = reshape_outcome(estimator, config, batch)
 
         new_output = dict(output)
-        new_output["advantages"] = token_advantages.to(advantages.dtype)
-        self._log_gear(advantages, divergence, entropy, policy, config, hows)
+        new_output["advantages"] = token_advantages.to(device=device, dtype=advantages.dtype)
+        self._log_credit(estimator, config, batch, token_advantages, fallback, hows)
         return new_output
+
+    def _group_ids(self, size: int) -> list[int]:
+        """TRL's groups: ``num_generations`` consecutive completions of the whole (all-process)
+        generation batch share a prompt; this process holds rows ``[rank * size, ...)``."""
+        generations = self.num_generations if self.model.training else self.num_generations_eval
+        offset = self.accelerator.process_index * size
+        return [(offset + row) // generations for row in range(size)]
 
     def _teacher_prompts(self, inputs: list[dict[str, Any]],
                          prompts: list[list[int]]) -> tuple[list[list[int]], list[str]]:
-        args: GEARGRPOConfig = self.args  # type: ignore[assignment]
+        """Teacher prompt ids for each example from the prompt ids TRL stored, and how each was
+        made (``gear_rl.integrations.teacher_inputs``)."""
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
         tokenizer = self._tokenizer
+        teacher_config = args.teacher_prompt_config
         teacher, hows = [], []
         for i, (example, stored) in enumerate(zip(inputs, prompts, strict=True)):
-            if args.reference_column not in example:
+            if args.reference_column.split(".")[0] not in example:
                 raise ValueError(
                     f"example {i} has no column {args.reference_column!r} "
-                    "(GEARGRPOConfig.reference_column): the teacher needs each example's reference"
+                    "(CreditGRPOConfig.reference_column): the teacher needs each example's "
+                    "reference"
                 )
             if "prompt" not in example:
                 raise ValueError(f"example {i} has no 'prompt' column to build the teacher from")
             ids, how = teacher_prompt_ids(
-                stored, example["prompt"], _reference_text(example[args.reference_column]),
+                stored, example["prompt"], lookup_reference(example, args.reference_column),
                 lambda messages: render_prompt_ids(tokenizer, messages),
                 lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"]),
-                kind=args.gear_reference_kind, config=args.teacher_prompt_config)
+                kind=args.reference_kind, config=teacher_config)
             teacher.append(ids)
             hows.append(how)
         return teacher, hows
 
-    def _log_gear(self, advantages: torch.Tensor, divergence: torch.Tensor,
-                  entropy: torch.Tensor, policy: torch.Tensor, config: GEARConfig,
-                  hows: list[str]) -> None:
+    def _log_credit(self, estimator: Estimator, config: Any, batch: CreditBatch,
+                    advantages: torch.Tensor, fallback: torch.Tensor, hows: list[str]) -> None:
         mode = "train" if self.model.training else "eval"
-        mask = policy.bool()
-        weights = gear_weights(advantages.float(), divergence, entropy, policy, config)
-        onsets = gear_segments(divergence, entropy, policy, config)
-        sign = advantages[:, None].expand_as(weights)
-        values = {
-            "gear/weight_mean_pos": _masked_mean(weights, mask & (sign > 0)),
-            "gear/weight_mean_neg": _masked_mean(weights, mask & (sign < 0)),
-            "gear/segment_token_frac": _masked_mean((onsets >= 0).float(), mask),
-            "gear/divergence_mean": _masked_mean(divergence, mask),
-        }
-        for how in (SPLICED_HEAD, SPLICED_TAIL, RERENDERED, APPENDED, NO_REFERENCE):
-            values[f"gear/teacher_prompt_{how}_frac"] = hows.count(how) / max(1, len(hows))
+        values = {f"gear/{name}": value for name, value in credit_diagnostics(
+            estimator, config, batch, advantages, outcome=batch.rewards).items()}
+        values["gear/outcome_fallback_frac"] = float(fallback.double().mean())
+        if hows:
+            for how in _HOWS:
+                values[f"gear/teacher_prompt_{how}_frac"] = hows.count(how) / len(hows)
         for name, value in values.items():
-            if value == value:  # NaN when a sign has no token in this batch: not logged
-                self._metrics[mode][name].append(value)
+            self._metrics[mode][name].append(value)
 
 
-def _reference_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
-    return text if text.strip() else None
-
-
-def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
-    count = int(where.sum())
-    return float(values.double()[where].sum() / count) if count else float("nan")
+# GEAR is the default estimator: the GEAR names are the same classes.
+GEARGRPOConfig = CreditGRPOConfig
+GEARTrainer = CreditGRPOTrainer
