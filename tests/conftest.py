@@ -18,3 +18,43 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# --- tiny training runs ---------------------------------------------------------------------
+# One recipe for every test that trains: a tiny random Llama, the in-process tokenizer, a few
+# steps of a few rows. Modules add their own overrides (task, estimator, batch shape).
+TINY_RUN = (
+    "model=tiny-random", "steps=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=10", "eval.at_start=false", "eval.k=1", "eval.max_new_tokens=6",
+    "log.tensorboard=false", "log.progress=false", "log.samples_per_step=2",
+    "loss.micro_batch_size=3", "optim.lr=1e-3",
+)
+
+
+def toy_task():
+    """Reward 1 when the response has an even number of lowercase letters: about half of a
+    random model's samples, so most groups have mixed outcomes and non-zero advantages."""
+    from gear_rl.tasks import Problem, Task
+
+    problems = [Problem(id=f"p{i}", prompt=[{"role": "user", "content": f"count to {i}"}],
+                        answer="even", reference="an even number of letters")
+                for i in range(12)]
+
+    def scorer(problem, text: str) -> float:
+        return float(sum(c.islower() for c in text) % 2 == 0)
+
+    return Task(name="toy", train=problems[:10], eval=problems[10:], scorer=scorer,
+                extract=lambda text: text[:8])
+
+
+def tiny_trainer(out, *overrides: str, task=None, model_seed: int = 1):
+    """A :class:`~gear_rl.train.Trainer` on a tiny random model writing to ``out``:
+    :data:`TINY_RUN` then ``overrides``; ``task``: a Task object (default :func:`toy_task`),
+    or ``"config"`` to build the task the overrides name (``task=sokoban``)."""
+    from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+    from gear_rl.train import Trainer, load_config
+
+    config = load_config(None, [*TINY_RUN, f"out={out}", *overrides])
+    model = tiny_random_model("llama", seed=model_seed, initializer_range=0.2)
+    task_obj = None if task == "config" else (task if task is not None else toy_task())
+    return Trainer(config, model=model, tokenizer=build_tiny_tokenizer(), task=task_obj)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from conftest import tiny_trainer
 from gear_rl.cli import main
-from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.report import (
     RunData,
     build_report,
@@ -24,8 +24,6 @@ from gear_rl.report import (
 from gear_rl.report.data import weight_stats_by_step
 from gear_rl.report.html import viewer_data
 from gear_rl.report.plots import training_curves
-from gear_rl.tasks import Problem, Task
-from gear_rl.train import Trainer, load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -40,29 +38,13 @@ EXPECTED_LABELS = {
 }
 
 
-def _toy_task() -> Task:
-    """Reward 1 for an even count of lowercase letters: about half of a random model's samples,
-    so groups have mixed outcomes and both signs of advantage get logged."""
-    problems = [Problem(id=f"p{i}", prompt=[{"role": "user", "content": f"say {i}"}],
-                        answer="even", reference="an even number of letters")
-                for i in range(10)]
-    return Task(name="toy", train=problems[:8], eval=problems[8:],
-                scorer=lambda p, text: float(sum(c.islower() for c in text) % 2 == 0),
-                extract=lambda text: text[:8])
-
-
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory, one_thread) -> Path:
     """A real 3-step GEAR run of a tiny random model, eval every 2 steps."""
     out = tmp_path_factory.mktemp("report") / "run"
-    config = load_config(None, [
-        "model=tiny-random", f"out={out}", "steps=3", "estimator=gear",
-        "rollout.prompts_per_step=3", "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=10", "eval.k=2", "eval.every=2", "eval.max_new_tokens=6",
-        "log.tensorboard=false", "log.progress=false", "log.samples_per_step=4",
-        "loss.micro_batch_size=6", "optim.lr=1e-3"])
-    trainer = Trainer(config, model=tiny_random_model("llama", seed=3, initializer_range=0.2),
-                      tokenizer=build_tiny_tokenizer(), task=_toy_task())
+    trainer = tiny_trainer(out, "steps=3", "estimator=gear", "rollout.prompts_per_step=3",
+                           "eval.at_start=true", "eval.k=2", "eval.every=2",
+                           "log.samples_per_step=4", "loss.micro_batch_size=6", model_seed=3)
     trainer.train()
     return out
 

@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_trainer
 from gear_rl.agent.env_loop import chat_observation_ids, run_env_episodes
 from gear_rl.credit import estimator_names
-from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+from gear_rl.models import build_tiny_tokenizer
 from gear_rl.signals import prompt_ids
 from gear_rl.tasks import load_task
 from gear_rl.train import Trainer, load_config
@@ -24,16 +25,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_trainer(tmp_path, task: str, *overrides: str, task_obj=None) -> Trainer:
-    config = load_config(None, [
-        "model=tiny-random", f"task={task}", f"out={tmp_path / 'run'}", "steps=2",
-        "train_size=6", "eval.size=2", "eval.k=1", "eval.at_start=false",
-        "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
-        "agent.max_turns=3", "agent.max_new_tokens_per_turn=4", "eval.max_new_tokens=4",
-        "agent.max_response_tokens=300", "log.tensorboard=false", "log.progress=false",
-        "log.samples_per_step=2", "loss.micro_batch_size=3", "optim.lr=1e-3", *overrides,
-    ])
-    model = tiny_random_model("llama", seed=1, initializer_range=0.2)
-    return Trainer(config, model=model, tokenizer=build_tiny_tokenizer(), task=task_obj)
+    return tiny_trainer(tmp_path / "run", f"task={task}", "train_size=6", "eval.size=2",
+                        "rollout.samples_per_prompt=2", "agent.max_turns=3",
+                        "agent.max_new_tokens_per_turn=4", "eval.max_new_tokens=4",
+                        "agent.max_response_tokens=300", *overrides,
+                        task=task_obj if task_obj is not None else "config")
 
 
 def records(trainer: Trainer, name: str) -> list[dict]:

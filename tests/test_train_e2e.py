@@ -9,39 +9,16 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_trainer
 from gear_rl.credit import estimator_names
-from gear_rl.models import build_tiny_tokenizer, tiny_random_model
-from gear_rl.tasks import Problem, Task
-from gear_rl.train import Trainer, load_config
+from gear_rl.train import Trainer
 
 REQUIRED = ("step", "reward_mean", "entropy_mean", "loss", "time/step", "time/rollout",
             "grad_norm", "clip_frac", "approx_kl")
 
 
-def toy_task() -> Task:
-    """Reward 1 when the response has an even number of lowercase letters: about half of a
-    random model's samples, so most groups have mixed outcomes and non-zero advantages."""
-    problems = [Problem(id=f"p{i}", prompt=[{"role": "user", "content": f"count to {i}"}],
-                        answer="even", reference="an even number of letters")
-                for i in range(12)]
-
-    def scorer(problem: Problem, text: str) -> float:
-        return float(sum(c.islower() for c in text) % 2 == 0)
-
-    return Task(name="toy", train=problems[:10], eval=problems[10:], scorer=scorer,
-                extract=lambda text: text[:8])
-
-
 def make_trainer(tmp_path, *overrides: str) -> Trainer:
-    config = load_config(None, [
-        "model=tiny-random", f"out={tmp_path / 'run'}", "steps=2",
-        "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=10", "eval.at_start=false", "eval.k=1",
-        "eval.max_new_tokens=6", "log.tensorboard=false", "log.progress=false",
-        "log.samples_per_step=2", "loss.micro_batch_size=3", "optim.lr=1e-3", *overrides,
-    ])
-    model = tiny_random_model("llama", seed=1, initializer_range=0.2)
-    return Trainer(config, model=model, tokenizer=build_tiny_tokenizer(), task=toy_task())
+    return tiny_trainer(tmp_path / "run", *overrides)
 
 
 def run_and_check(tmp_path, *overrides: str) -> list[dict]:
