@@ -7,10 +7,12 @@ import json
 from gear_rl.cli import main
 
 
-def test_train_unknown_key_lists_valid_keys(capsys) -> None:
+def test_train_unknown_key_suggests_or_lists_valid_keys(capsys) -> None:
     assert main(["train", "bogus=1"]) == 2
     err = capsys.readouterr().err
-    assert "unknown config key 'bogus'" in err and "rollout.temperature" in err
+    assert "unknown config key 'bogus'" in err and "rollout.<key>" in err and "--help" in err
+    assert main(["train", "rollout.temprature=0.7"]) == 2
+    assert "did you mean 'rollout.temperature'?" in capsys.readouterr().err
 
 
 def test_train_help_lists_keys(capsys) -> None:

@@ -5,8 +5,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
+import re
 import sys
+import textwrap
 
 
 def _demo(argv: list[str]) -> int:
@@ -27,9 +31,83 @@ RL fine-tuning of a causal LM with a credit estimator (GEAR by default) on a lap
 Defaults: SmolLM2-135M-Instruct on reasoning-gym arithmetic. Keys use dots for nested fields,
 e.g.  gear-rl train estimator=grpo steps=20 rollout.temperature=0.8 credit.lambda_kl=0.2
 Continue an interrupted run:  gear-rl train resume=runs/RUN_DIR [steps=N]
-
-valid keys:
+The credit keys listed are those of the estimator chosen on the command line (or in CONFIG.yaml):
+gear-rl train estimator=rlsd --help
 """
+
+_HELP_WIDTH = 100
+_HELP_INDENT = "      "
+
+
+def _shown(value: object) -> str:
+    """``value`` as it would be written in a ``key=value`` override."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value if re.fullmatch(r"[\w.:/+-]+", value) else json.dumps(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _plain(doc: str) -> str:
+    """``doc`` without its reST literal quotes (``x`` -> x)."""
+    return re.sub(r"``(.*?)``", r"\1", doc)
+
+
+def _key_lines(key: str, default: object, doc: str) -> list[str]:
+    """``key = default`` and its meaning, wrapped below it."""
+    return [f"  {key} = {_shown(default)}", *textwrap.wrap(
+        _plain(doc) or "(undocumented)", _HELP_WIDTH, initial_indent=_HELP_INDENT,
+        subsequent_indent=_HELP_INDENT, break_on_hyphens=False, break_long_words=False)]
+
+
+def _train_help(argv: list[str]) -> str:
+    """``gear-rl train --help``: every key with its default and meaning (each field's
+    ``Attributes:`` entry), the credit keys of the estimator ``argv`` chooses, and the
+    registered estimators."""
+    from gear_rl.credit import estimator_names, get_estimator
+    from gear_rl.train.config import TrainConfig, field_default, field_docs, load_config
+
+    config_path, overrides = _split_train_args([a for a in argv if a not in ("-h", "--help")])
+    estimator = load_config(config_path, overrides, validate=False).credit_estimator()
+    paper = f" ({estimator.paper})" if estimator.paper else ""
+    lines = [_TRAIN_USAGE, f"estimator={estimator.name}: {estimator.description}{paper}",
+             "credit keys (credit.KEY=VALUE):"]
+    docs = field_docs(estimator.config_cls)
+    for name, credit_field in estimator.config_fields().items():
+        lines.extend(_key_lines(f"credit.{name}", field_default(credit_field), docs[name]))
+    lines.extend(f"  (credit.{name} is pinned to {_shown(value)} by this estimator's name)"
+                 for name, value in estimator.fixed.items())
+    names = estimator_names()
+    width = max(len(name) for name in names) + 2
+    lines.append("\nregistered estimators (estimator=NAME --help lists its credit keys):")
+    lines.extend(f"  {name:<{width}}{get_estimator(name).description}" for name in names)
+    lines.append("\nkeys (KEY = DEFAULT, then what it sets):")
+    sections = []
+    docs = field_docs(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        default, doc = field_default(f), docs[f.name]
+        if dataclasses.is_dataclass(default):
+            sections.append((f.name, default))
+        elif isinstance(default, dict):
+            listed = (f"; those of estimator={estimator.name} are listed above."
+                      if f.name == "credit" else ".")
+            lines.extend(_key_lines(f"{f.name}.<key>", default, doc.rstrip(".") + listed))
+        else:
+            lines.extend(_key_lines(f.name, default, doc))
+    for name, section in sections:
+        headline = " ".join((type(section).__doc__ or "").split("\n\n")[0].split())
+        lines.append("")
+        lines.extend(textwrap.wrap(f"{name}: {_plain(headline)}", _HELP_WIDTH,
+                                   subsequent_indent="  "))
+        docs = field_docs(type(section))
+        for f in dataclasses.fields(section):
+            lines.extend(_key_lines(f"{name}.{f.name}", field_default(f), docs[f.name]))
+    return "\n".join(lines)
+
 
 _EVAL_USAGE = """usage: gear-rl eval [RUN_DIR | CHECKPOINT_DIR] [key=value ...]
 
@@ -54,13 +132,12 @@ def _split_train_args(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _train(argv: list[str]) -> int:
-    from gear_rl.train.config import TrainConfig, load_config, parse_overrides, valid_keys
+    from gear_rl.train.config import load_config, parse_overrides
 
-    if any(a in ("-h", "--help") for a in argv):
-        print(_TRAIN_USAGE + "  " + "\n  ".join(valid_keys()))
-        print("\n" + (TrainConfig.__doc__ or ""))
-        return 0
     try:
+        if any(a in ("-h", "--help") for a in argv):
+            print(_train_help(argv))
+            return 0
         config_path, overrides = _split_train_args(argv)
         parsed = parse_overrides(overrides)
         if parsed.get("resume"):
@@ -87,8 +164,6 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    import json
-
     from gear_rl.train.config import load_config, parse_overrides, valid_keys
 
     if any(a in ("-h", "--help") for a in argv):

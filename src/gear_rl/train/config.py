@@ -1,21 +1,34 @@
 """Trainer configuration: plain dataclasses, one documented field per knob, with YAML files and
 ``key=value`` overrides (dotted keys for nested fields, e.g. ``rollout.temperature=0.8``,
-``credit.lambda_kl=0.2``). Unknown keys are errors that list the valid ones."""
+``credit.lambda_kl=0.2``). An override keeps the default's type; an unknown key is an error that
+names the nearest valid one. Each section checks its own fields (``validate``, beside them);
+:meth:`TrainConfig.validate` adds the rules that tie keys of different sections together. The
+``Attributes:`` entry of a field is its one description (``gear-rl train --help`` prints them)."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
+import math
+import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
+from gear_rl.signals import ESTIMATORS as DIVERGENCES
+from gear_rl.signals.teacher import PLACEMENTS, TeacherPromptConfig
+from gear_rl.train.loss import KL_TYPES, LOSS_AGG_MODES
+
 __all__ = [
     "LOSS_AGG_MODES",
+    "PRECISIONS",
     "AgentConfig",
     "EvalConfig",
     "LogConfig",
@@ -27,14 +40,61 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
+    "field_default",
+    "field_docs",
     "load_config",
     "parse_overrides",
     "valid_keys",
 ]
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
-                  "seq-mean-token-sum-norm")
-KL_TYPES = ("low_var_kl", "k1", "k2")
+# Compute / weight precisions of ``precision`` and ``rollout.dtype``.
+PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+
+
+def _nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+def _finite(prefix: str, section: Any) -> None:
+    """Every float knob of ``section`` is finite: nan passes every ``>=`` rule and inf every
+    ``>`` rule, and either would only surface as a broken run (``optim.lr=inf``)."""
+    hints = typing.get_type_hints(type(section))
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        hint = hints[f.name]
+        if (float in (hint, *typing.get_args(hint)) and isinstance(value, float)
+                and not math.isfinite(value)):
+            raise ValueError(f"{prefix}{f.name} must be a finite number, got {value}")
+
+
+def _at_least(prefix: str, section: Any, minimum: int, *names: str) -> None:
+    """Each of ``names`` (``None`` where the field allows it) is ``>= minimum``."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
+
+
+def _positive(prefix: str, section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if not value > 0:
+            raise ValueError(f"{prefix}{name} must be > 0, got {value}")
+
+
+def _nucleus(prefix: str, section: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if not 0 < value <= 1:
+            raise ValueError(f"{prefix}{name} must be in (0, 1], got {value}")
+
+
+def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        guess = _nearest(str(value), allowed)
+        hint = f"; did you mean {guess!r}?" if guess else ""
+        raise ValueError(f"{key} must be one of {tuple(allowed)}, got {value!r}{hint}")
 
 
 @dataclass
@@ -60,6 +120,16 @@ class RolloutConfig:
     max_new_tokens: int = 32
     batch_size: int | None = None
     dtype: str = "auto"
+
+    def validate(self, name: str = "rollout") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _at_least(prefix, self, 1, "prompts_per_step", "samples_per_prompt", "max_new_tokens",
+                  "batch_size")
+        _positive(prefix, self, "temperature")
+        _nucleus(prefix, self, "top_p")
+        _one_of(prefix + "dtype", self.dtype, PRECISIONS)
 
 
 @dataclass
@@ -92,14 +162,32 @@ class LossConfig:
     minibatches: int = 1
     micro_batch_size: int = 16
 
+    def validate(self, name: str = "loss") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        if not 0 <= self.clip_low < 1:
+            # 1 - clip_low is the lower ratio bound: it must stay positive.
+            raise ValueError(f"{prefix}clip_low must be in [0, 1), got {self.clip_low}")
+        _at_least(prefix, self, 0, "clip_high", "kl_coef", "opsd_coef")
+        _at_least(prefix, self, 1, "epochs", "minibatches", "micro_batch_size")
+        _one_of(prefix + "agg_mode", self.agg_mode, LOSS_AGG_MODES)
+        _one_of(prefix + "kl_type", self.kl_type, KL_TYPES)
+
 
 @dataclass
 class OptimConfig:
     """AdamW on fp32 master weights.
 
     Attributes:
-        lr: peak learning rate. ``warmup_steps``: linear warm-up from 0 over this many steps.
-        weight_decay, beta1, beta2, eps: AdamW's. ``grad_clip``: max global grad norm (0: off).
+        lr: peak learning rate.
+        warmup_steps: linear warm-up of the learning rate from 0 over this many steps.
+        weight_decay: AdamW's decoupled weight decay.
+        beta1: AdamW's first-moment decay, in [0, 1).
+        beta2: AdamW's second-moment decay, in [0, 1).
+        eps: AdamW's denominator term (> 0: it keeps the update finite where the second moment
+            is 0).
+        grad_clip: max global gradient norm (0: off).
     """
 
     lr: float = 3e-5
@@ -110,6 +198,17 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
 
+    def validate(self, name: str = "optim") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _positive(prefix, self, "lr", "eps")
+        _at_least(prefix, self, 0, "warmup_steps", "weight_decay", "grad_clip")
+        for beta in ("beta1", "beta2"):
+            value = getattr(self, beta)
+            if not 0 <= value < 1:
+                raise ValueError(f"{prefix}{beta} must be in [0, 1), got {value}")
+
 
 @dataclass
 class SignalConfig:
@@ -117,16 +216,18 @@ class SignalConfig:
 
     Attributes:
         divergence: ``full`` (exact reverse KL), ``topk``, ``k1`` or ``k3``.
-        topk: support size for ``divergence=topk``.
+        topk: support size for ``divergence=topk`` (required there).
         chunk_size: LM-head rows per chunk (None: automatic).
         batch_size: rows per no-grad scoring forward (old log-probs, signals, reference).
         placement: where the reference goes in the teacher prompt (``user_end``,
             ``new_user_turn``, ``system``).
         answer_template: the teacher's hint for a final-answer reference (must contain
-            ``{reference}``). The default is one short sentence: the teacher pass costs in
-            proportion to its prompt length, and on a CPU this pass is GEAR's whole overhead.
-            ``null`` uses ``gear_rl.signals.teacher``'s longer default, which also asks the
-            model to solve the problem on its own.
+            ``{reference}``). The default is ``gear_rl.signals.teacher``'s, the one the TRL and
+            verl integrations use: a delimited reference block that also asks the model to solve
+            the problem on its own. The teacher pass costs in proportion to its prompt length (on
+            a CPU this pass is GEAR's whole overhead), so a one-line hint costs fewer
+            teacher-prompt tokens: ``signals.answer_template="\\n\\n(The correct answer is
+            {reference}.)"``. ``null`` also means the library default.
     """
 
     divergence: str = "full"
@@ -134,7 +235,19 @@ class SignalConfig:
     chunk_size: int | None = None
     batch_size: int = 32
     placement: str = "user_end"
-    answer_template: str | None = "\n\n(The correct answer is {reference}.)"
+    answer_template: str | None = TeacherPromptConfig().answer_template
+
+    def validate(self, name: str = "signals") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _at_least(prefix, self, 1, "topk", "chunk_size", "batch_size")
+        _one_of(prefix + "divergence", self.divergence, DIVERGENCES)
+        _one_of(prefix + "placement", self.placement, PLACEMENTS)
+        if self.divergence == "topk" and self.topk is None:
+            raise ValueError(f"{prefix}topk must be set for {prefix}divergence=topk")
+        if self.answer_template is not None and "{reference}" not in self.answer_template:
+            raise ValueError(f"{prefix}answer_template must contain '{{reference}}'")
 
 
 @dataclass
@@ -142,13 +255,16 @@ class EvalConfig:
     """Held-out evaluation: Mean@k and pass@k.
 
     Attributes:
-        size: held-out problems. ``k``: samples per problem.
-        temperature, top_p, max_new_tokens: sampling for evaluation.
+        size: held-out problems.
+        k: samples per problem.
+        temperature: sampling temperature of evaluation.
+        top_p: nucleus mass of evaluation.
+        max_new_tokens: cap on the length of an evaluation answer.
         every: evaluate every this many steps (0: only at the start and the end).
         at_start: evaluate before the first step.
         seed: sampling seed of evaluation (independent of the training seed, so runs with
             different seeds are scored on identical draws of the starting model).
-        batch_size: rows per generation batch.
+        batch_size: rows per generation batch (None: all at once).
     """
 
     size: int = 64
@@ -160,6 +276,15 @@ class EvalConfig:
     at_start: bool = True
     seed: int = 1234
     batch_size: int | None = 128
+
+    def validate(self, name: str = "eval") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _at_least(prefix, self, 1, "size", "k", "max_new_tokens", "batch_size")
+        _at_least(prefix, self, 0, "every")
+        _positive(prefix, self, "temperature")
+        _nucleus(prefix, self, "top_p")
 
 
 @dataclass
@@ -186,6 +311,14 @@ class AgentConfig:
     sandbox_timeout_s: float = 5.0
     sandbox_memory_mb: int = 512
 
+    def validate(self, name: str = "agent") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _at_least(prefix, self, 1, "max_turns", "max_new_tokens_per_turn", "max_response_tokens",
+                  "max_observation_tokens", "sandbox_workers", "sandbox_memory_mb")
+        _positive(prefix, self, "sandbox_timeout_s")
+
 
 @dataclass
 class LogConfig:
@@ -204,6 +337,13 @@ class LogConfig:
     keep_checkpoints: int = 1
     tensorboard: bool = True
     progress: bool = True
+
+    def validate(self, name: str = "log") -> None:
+        """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
+        prefix = name + "."
+        _finite(prefix, self)
+        _at_least(prefix, self, 0, "samples_per_step", "checkpoint_every")
+        _at_least(prefix, self, 1, "keep_checkpoints")
 
 
 @dataclass
@@ -259,97 +399,116 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad field."""
-        from gear_rl.credit import get_estimator, load_plugins
-
-        load_plugins(self.plugins)
-        estimator = get_estimator(self.estimator)  # unknown names raise listing the valid ones
-        estimator.make_config(**self.credit)  # raises on unknown or pinned fields
-        positive = {
-            "steps": self.steps, "train_size": self.train_size,
-            "rollout.prompts_per_step": self.rollout.prompts_per_step,
-            "rollout.samples_per_prompt": self.rollout.samples_per_prompt,
-            "rollout.max_new_tokens": self.rollout.max_new_tokens,
-            "loss.epochs": self.loss.epochs, "loss.minibatches": self.loss.minibatches,
-            "loss.micro_batch_size": self.loss.micro_batch_size,
-            "signals.batch_size": self.signals.batch_size,
-            "eval.size": self.eval.size, "eval.k": self.eval.k,
-            "eval.max_new_tokens": self.eval.max_new_tokens,
-            "log.keep_checkpoints": self.log.keep_checkpoints,
-            "agent.max_turns": 1 if self.agent.max_turns is None else self.agent.max_turns,
-            "agent.max_new_tokens_per_turn": self.agent.max_new_tokens_per_turn,
-            "agent.max_response_tokens": self.agent.max_response_tokens,
-            "agent.max_observation_tokens": self.agent.max_observation_tokens,
-            "agent.sandbox_workers": self.agent.sandbox_workers,
-            "agent.sandbox_memory_mb": self.agent.sandbox_memory_mb,
-        }
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        for name, value in {"eval.every": self.eval.every,
-                            "log.checkpoint_every": self.log.checkpoint_every,
-                            "log.samples_per_step": self.log.samples_per_step,
-                            "optim.warmup_steps": self.optim.warmup_steps,
-                            "loss.kl_coef": self.loss.kl_coef,
-                            "loss.opsd_coef": self.loss.opsd_coef,
-                            "optim.grad_clip": self.optim.grad_clip,
-                            "optim.weight_decay": self.optim.weight_decay}.items():
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        """Raise ``ValueError`` naming the first bad key: the estimator, the top-level fields,
+        each section's own check, the credit fields (the estimator's config class checks them),
+        then the rules across sections."""
+        estimator = self.credit_estimator()  # plugins first: they may register the estimator
+        _finite("", self)
+        _at_least("", self, 1, "steps", "train_size", "threads")
+        _one_of("precision", self.precision, PRECISIONS)
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if dataclasses.is_dataclass(section):
+                section.validate(f.name)
+        self.credit_config(estimator)
         batch = self.rollout.prompts_per_step * self.rollout.samples_per_prompt
         if self.loss.minibatches > batch:
             raise ValueError(f"loss.minibatches ({self.loss.minibatches}) exceeds the rollout "
-                             f"batch ({batch} trajectories)")
-        for name, value in {"rollout.temperature": self.rollout.temperature,
-                            "eval.temperature": self.eval.temperature,
-                            "optim.lr": self.optim.lr,
-                            "agent.sandbox_timeout_s": self.agent.sandbox_timeout_s}.items():
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        for name, value in {"rollout.top_p": self.rollout.top_p,
-                            "eval.top_p": self.eval.top_p}.items():
-            if not 0 < value <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {value}")
-        if not 0 <= self.loss.clip_low < 1 or self.loss.clip_high < 0:
-            raise ValueError(f"loss.clip_low must be in [0, 1) and loss.clip_high >= 0, got "
-                             f"{self.loss.clip_low}, {self.loss.clip_high}")
-        choices = {"loss.agg_mode": (self.loss.agg_mode, LOSS_AGG_MODES),
-                   "loss.kl_type": (self.loss.kl_type, KL_TYPES),
-                   "precision": (self.precision, ("auto", "bf16", "fp32")),
-                   "rollout.dtype": (self.rollout.dtype, ("auto", "bf16", "fp32")),
-                   "signals.divergence": (self.signals.divergence, ("full", "topk", "k1", "k3")),
-                   "signals.placement": (self.signals.placement,
-                                         ("user_end", "new_user_turn", "system"))}
-        template = self.signals.answer_template
-        if template is not None and "{reference}" not in template:
-            raise ValueError("signals.answer_template must contain '{reference}'")
-        for name, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+                             f"batch (rollout.prompts_per_step * rollout.samples_per_prompt = "
+                             f"{batch} trajectories)")
         distills = estimator.self_distillation or self.loss.opsd_coef > 0
         if distills and self.signals.divergence not in ("full", "topk"):
             # The distillation loss differentiates the per-token divergence; the sampled-token
             # estimators k1/k3 have no useful gradient (k1's is zero in expectation on-policy).
+            cause = (f"estimator={self.estimator}" if estimator.self_distillation
+                     else f"loss.opsd_coef={self.loss.opsd_coef}")
             raise ValueError("signals.divergence must be 'full' or 'topk' for the self-"
-                             f"distillation loss, got {self.signals.divergence!r}")
+                             f"distillation loss ({cause}), got {self.signals.divergence!r}")
+
+    def credit_estimator(self) -> Estimator:
+        """The registered estimator ``estimator`` names (``plugins`` imported first); an unknown
+        name raises naming the nearest registered one."""
+        load_plugins(self.plugins)
+        names = estimator_names()
+        if self.estimator not in names:
+            guess = _nearest(str(self.estimator), names)
+            hint = f"did you mean {guess!r}? " if guess else ""
+            raise ValueError(f"unknown estimator {self.estimator!r}; {hint}registered: "
+                             f"{', '.join(names)} (an estimator from another module needs "
+                             "plugins=<module>)")
+        return get_estimator(self.estimator)
+
+    def credit_config(self, estimator: Estimator | None = None) -> Any:
+        """The estimator's config built from ``credit``; errors name the key as
+        ``credit.<field>`` (an unknown one with the nearest field of this estimator)."""
+        estimator = self.credit_estimator() if estimator is None else estimator
+        settable = estimator.config_fields()
+        for key in self.credit:
+            if key in settable or key in estimator.fixed:
+                continue  # a pinned field set to another value raises in make_config
+            guess = _nearest(str(key), settable)
+            hint = (f"did you mean 'credit.{guess}'?" if guess
+                    else f"its keys: {', '.join('credit.' + name for name in settable)}")
+            raise ValueError(f"unknown config key 'credit.{key}' for estimator "
+                             f"{estimator.name!r}; {hint}")
+        try:
+            return estimator.make_config(**self.credit)
+        except (TypeError, ValueError) as error:
+            message = str(error)
+            # The config classes name the bare field first ("lam must be in [0, 1]").
+            if message.split(" ", 1)[0] in settable:
+                raise ValueError(f"credit.{message}") from error
+            raise ValueError(f"credit: {message}") from error
 
 
 _DICT_FIELDS = ("task_options", "credit")
 
 
-def valid_keys(cls: type = TrainConfig, prefix: str = "") -> list[str]:
-    """Every settable dotted key of ``cls`` (dict-valued fields as ``name.<key>``)."""
+def valid_keys(cls: type = TrainConfig, prefix: str = "", depth: int | None = None
+               ) -> list[str]:
+    """Every settable dotted key of ``cls`` (dict-valued fields as ``name.<key>``); with
+    ``depth=1``, sections as ``name.<key>`` too."""
     keys = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            keys.extend(valid_keys(hint, prefix + f.name + "."))
+        if dataclasses.is_dataclass(hint) and depth == 1:
+            keys.append(prefix + f.name + ".<key>")
+        elif dataclasses.is_dataclass(hint):
+            keys.extend(valid_keys(hint, prefix + f.name + ".",
+                                   None if depth is None else depth - 1))
         elif f.name in _DICT_FIELDS:
             keys.append(prefix + f.name + ".<key>")
         else:
             keys.append(prefix + f.name)
     return keys
+
+
+_HELP_POINTER = "gear-rl train --help describes every key"
+
+
+def _unknown_key(full_key: str, prefix: str, config: Any) -> ValueError:
+    """The error for ``full_key``, whose part after ``prefix`` is no field of ``config``: it
+    names the nearest valid key (a typo, or the right name in another section), else the keys
+    valid at that level."""
+    keys = [key for key in valid_keys() if not key.endswith(".<key>")]
+    leaf = full_key.rsplit(".", 1)[-1]
+    same_leaf = [key for key in keys if key.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:  # the right name in a misspelt, missing or wrong section
+        nearest = _nearest(full_key, same_leaf, cutoff=0.85)
+        guesses = [nearest] if nearest else same_leaf
+    else:  # a typo in the name (or in the section and the name)
+        name = full_key[len(prefix):].split(".", 1)[0]
+        nearest = (_nearest(full_key, keys, cutoff=0.8)
+                   or _nearest(name, [prefix + f.name for f in dataclasses.fields(config)]))
+        guesses = [nearest] if nearest else []
+    if guesses:
+        options = " or ".join(repr(key) for key in guesses)
+        return ValueError(f"unknown config key {full_key!r}; did you mean {options}?")
+    here = valid_keys(type(config), prefix, depth=1)
+    where = f"{prefix[:-1]} keys" if prefix else "top-level keys"
+    return ValueError(f"unknown config key {full_key!r}; valid {where}: {', '.join(here)} "
+                      f"({_HELP_POINTER})")
 
 
 def _coerce(key: str, value: Any, hint: Any) -> Any:
@@ -410,9 +569,7 @@ def _set(config: Any, key: str, value: Any, full_key: str) -> None:
     name, _, rest = key.partition(".")
     fields = {f.name: f for f in dataclasses.fields(config)}
     if name not in fields:
-        raise ValueError(
-            f"unknown config key {full_key!r}; valid keys: {', '.join(valid_keys())}"
-        )
+        raise _unknown_key(full_key, full_key[:len(full_key) - len(key)], config)
     hint = typing.get_type_hints(type(config))[name]
     if dataclasses.is_dataclass(hint):
         if rest:
@@ -431,9 +588,52 @@ def _set(config: Any, key: str, value: Any, full_key: str) -> None:
         target[leaf] = value
         return
     if rest:
-        raise ValueError(f"unknown config key {full_key!r}: {name!r} has no sub-keys; "
-                         f"valid keys: {', '.join(valid_keys())}")
+        raise ValueError(f"unknown config key {full_key!r}: {name!r} has no sub-keys "
+                         f"({_HELP_POINTER})")
     setattr(config, name, _coerce(full_key, value, hint))
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """The default value of dataclass field ``f`` (``default_factory`` called)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
+
+
+_ENTRY = re.compile(r"(\w+)(?: \([^)]*\))?: (.*)")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: description}`` for every field of dataclass ``cls``, from the ``Attributes:``
+    sections of its docstring and its bases' (a subclass's entry wins; "" where none)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        docs.update(_attributes(vars(klass).get("__doc__") or ""))
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+def _attributes(docstring: str) -> dict[str, str]:
+    """The entries of a Google-style ``Attributes:`` section, each joined onto one line."""
+    lines = inspect.cleandoc(docstring).splitlines()
+    if "Attributes:" not in lines:
+        return {}
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    indent = None
+    for line in lines[lines.index("Attributes:") + 1:]:
+        if not line.strip():
+            continue
+        depth = len(line) - len(line.lstrip())
+        if depth == 0:
+            break  # the next section, or prose after the list
+        indent = depth if indent is None else indent
+        match = _ENTRY.fullmatch(line.strip())
+        if depth == indent and match:
+            current = entries.setdefault(match.group(1), [])
+            current.append(match.group(2))
+        elif current is not None:
+            current.append(line.strip())
+    return {name: " ".join(parts) for name, parts in entries.items()}
 
 
 def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
@@ -482,8 +682,10 @@ def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:
     return config_from_dict(parse_overrides(items), config)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Defaults, then the YAML file at ``path`` (if any), then ``overrides``; validated."""
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
+                validate: bool = True) -> TrainConfig:
+    """Defaults, then the YAML file at ``path`` (if any), then ``overrides``; validated unless
+    ``validate=False`` (keys and types are checked either way)."""
     config = TrainConfig()
     if path is not None:
         path = Path(path)
@@ -492,5 +694,6 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         data = yaml.safe_load(path.read_text()) or {}
         config_from_dict(data, config)
     apply_overrides(config, overrides)
-    config.validate()
+    if validate:
+        config.validate()
     return config

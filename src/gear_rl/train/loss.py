@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PolicyLossStats", "aggregate", "kl_penalty", "ppo_policy_loss"]
+__all__ = ["KL_TYPES", "LOSS_AGG_MODES", "PolicyLossStats", "aggregate", "kl_penalty",
+           "ppo_policy_loss"]
+
+# The reductions :func:`aggregate` implements (verl's ``loss_agg_mode`` names).
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                   "seq-mean-token-sum-norm")
+# The per-token KL estimators :func:`kl_penalty` implements.
+KL_TYPES: tuple[str, ...] = ("low_var_kl", "k1", "k2")
 
 
 def aggregate(
@@ -60,8 +67,7 @@ def aggregate(
     if mode == "seq-mean-token-sum-norm":
         horizon = loss_mat.shape[1] if horizon is None else horizon
         return total / (max(num_seqs, 1) * horizon)
-    raise ValueError(f"unknown loss_agg_mode {mode!r}; choose from token-mean, "
-                     "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm")
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; choose from {', '.join(LOSS_AGG_MODES)}")
 
 
 @dataclass
@@ -153,4 +159,4 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
     if kind == "low_var_kl":
         log_ratio = (-diff).clamp(-20.0, 20.0)
         return (torch.exp(log_ratio) - log_ratio - 1.0).clamp(-10.0, 10.0)
-    raise ValueError(f"unknown kl_type {kind!r}; choose from low_var_kl, k1, k2")
+    raise ValueError(f"unknown kl_type {kind!r}; choose from {', '.join(KL_TYPES)}")
