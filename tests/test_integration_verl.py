@@ -26,6 +26,7 @@ from verl.workers.utils.padding import response_from_nested  # noqa: E402
 from gear_rl.credit import (  # noqa: E402
     CreditBatch,
     GEARConfig,
+    credit_diagnostics,
     gear_advantages,
     get_estimator,
     grpo_advantages,
@@ -122,13 +123,21 @@ def test_gear_through_compute_advantage_equals_credit_core() -> None:
     with provide_signals(signals):
         out = compute_advantage(data, "gear", config=algorithm).batch["advantages"]
     divergence = divergence_from_logprobs(student, teacher, mask, "k3")
+    config = GEARConfig(lambda_kl=0.2, lambda_h=1.2, alpha=0.8)
     expected = gear_advantages(grpo_advantages(scores, list(uids)), divergence, entropy, mask,
-                               GEARConfig(lambda_kl=0.2, lambda_h=1.2, alpha=0.8))
+                               config)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
     assert torch.all(out[mask == 0] == 0)
+    # The metrics are gear_rl.credit's diagnostics, under gear/.
     metrics = signals.metrics
-    assert {"gear/weight_mean_pos", "gear/weight_mean_neg", "gear/segment_token_frac",
-            "gear/divergence_mean"} <= set(metrics)
+    batch = CreditBatch(rewards=scores, group_ids=list(uids), mask=mask, divergence=divergence,
+                        entropy=entropy)
+    diagnostics = credit_diagnostics(get_estimator("gear"), config, batch, expected)
+    assert set(metrics) == {f"gear/{name}" for name in diagnostics} >= {
+        "gear/adv_abs_mean", "gear/weight_mean_pos", "gear/weight_mean_neg",
+        "gear/divergence_mean", "gear/segment_frac", "gear/segments_per_response"}
+    for name, value in diagnostics.items():
+        assert metrics[f"gear/{name}"] == pytest.approx(value, rel=1e-6)
     # alpha=0.8: W = 0.8 w + 0.6, so both means lie in [0.6, 1.4].
     assert 0.6 <= metrics["gear/weight_mean_pos"] <= 1.4
 
@@ -197,6 +206,42 @@ def test_k3_and_k1_from_sampled_logprobs() -> None:
     torch.testing.assert_close(k1[0], torch.tensor([0.0, -1.0, 2.5, 0.0]))
     with pytest.raises(ValueError, match="teacher_logprobs"):
         divergence_from_logprobs(student, teacher, torch.ones(1, 4), "k3")
+    # Extreme log ratios (+-200, and 90, past float32's exp range) stay finite.
+    far = divergence_from_logprobs(torch.tensor([[-200.0, 0.0, -90.0]]),
+                                   torch.tensor([[0.0, -200.0, 0.0]]), torch.ones(1, 3), "k3")
+    assert torch.isfinite(far).all() and far[0, 1] == 199.0
+
+
+def test_signal_pass_and_verl_adapter_compute_the_same_k1_k3(tiny) -> None:
+    """One implementation: the signal pass's k1/k3 are the verl adapter's on the same
+    log-probs, bit for bit, ordinary and extreme (+-200) log ratios alike."""
+    from gear_rl.signals import token_signals
+    from gear_rl.signals.divergence import _chunk_signals
+
+    model, _ = tiny
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, vocab, (n,), generator=gen).tolist()
+
+    prompts, teachers, responses = [ids(3), ids(5)], [ids(6), ids(2)], [ids(4), ids(7)]
+    head = torch.nn.Linear(1, 2, bias=False)  # logits (h, -h): log p(0) ~ -200 at h = -100
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[1.0], [-1.0]]))
+    for estimator in ("k1", "k3"):
+        signals = token_signals(model, prompts, teachers, responses, estimator=estimator,
+                                response_mask=[[1, 0, 1, 1], [1] * 7])
+        ours = divergence_from_logprobs(signals.student_logprobs, signals.teacher_logprobs,
+                                        signals.mask, estimator)
+        assert torch.equal(ours, signals.divergence)
+        student, teacher, _, divergence = _chunk_signals(
+            head, torch.tensor([[-100.0], [100.0], [0.5]]),
+            torch.tensor([[100.0], [-100.0], [-0.2]]), torch.zeros(3, dtype=torch.long), 1.0,
+            estimator, None)
+        ours = divergence_from_logprobs(student[None], teacher[None], torch.ones(1, 3), estimator)
+        assert torch.isfinite(divergence).all()
+        assert torch.equal(ours[0], divergence)
 
 
 # --------------------------------------------------------------------------- teacher inputs
@@ -302,8 +347,8 @@ _PROBE = textwrap.dedent("""
     import json, sys
     import verl
     from verl.trainer.ppo import core_algos
-    names = sorted(k for k in core_algos.ADV_ESTIMATOR_REGISTRY
-                   if k.startswith("gear") or k in ("rlsd", "top_entropy", "dr_grpo"))
+    names = sorted(k for k, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
+                   if fn.__module__.startswith("gear_rl."))
     hooked = any(type(f).__name__ == "_TrainerModeHook" for f in sys.meta_path)
     print(json.dumps({"names": names, "hooked": hooked,
                       "v1_imported": "verl.trainer.ppo.v1" in sys.modules}))
@@ -319,10 +364,19 @@ def _probe(env_extra: dict[str, str]) -> dict:
 
 
 @pytest.mark.slow
-def test_plain_import_verl_loads_the_plugin_in_a_fresh_process() -> None:
-    """Entry points need gear-rl pip-installed (setup_venv.sh does `pip install -e .`)."""
-    expected = sorted(verl_name(n) for n in verl_estimator_names())
-    loaded = _probe({"VERL_USE_EXTERNAL_PLUGINS": "auto"})
+def test_plain_import_verl_loads_the_plugin_in_a_fresh_process(tmp_path) -> None:
+    """Entry points need gear-rl pip-installed (setup_venv.sh does `pip install -e .`). A module
+    named in GEAR_RL_PLUGINS registers its estimator too, as in a Ray worker."""
+    (tmp_path / "probe_credit_plugin.py").write_text(textwrap.dedent("""
+        from gear_rl.credit import OutcomeConfig, register_estimator
+        from gear_rl.credit.grpo import broadcast_outcome
+
+        register_estimator("probe_plugin", config=OutcomeConfig)(broadcast_outcome)
+    """))
+    expected = sorted([*(verl_name(n) for n in verl_estimator_names()), "probe_plugin"])
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    loaded = _probe({"VERL_USE_EXTERNAL_PLUGINS": "auto", "PYTHONPATH": path,
+                     "GEAR_RL_PLUGINS": "probe_credit_plugin"})
     assert loaded["names"] == expected
     assert loaded["hooked"] and not loaded["v1_imported"]  # the heavy v1 trainer stays lazy
     # Control: with verl's plugin loading off, nothing of ours is there.

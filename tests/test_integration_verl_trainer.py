@@ -69,6 +69,37 @@ def test_gear_mode_builds_from_verls_config_and_behaves_as_sync() -> None:
     assert type(Plain(config).replay_buffer) is ReplayBufferAsync
 
 
+def test_a_plugin_estimator_selects_the_gear_mode(tmp_path, monkeypatch) -> None:
+    """``algorithm.gear.plugins`` is loaded before the estimator is looked up."""
+    import sys
+
+    from verl.trainer.ppo import core_algos
+
+    from gear_rl.credit import registry
+    from gear_rl.integrations.verl import estimators
+
+    (tmp_path / "trainer_credit_plugin.py").write_text(
+        "from gear_rl.credit import TopEntropyConfig, register_estimator\n"
+        "from gear_rl.credit.token import top_entropy\n"
+        "register_estimator('trainer_plugin', config=TopEntropyConfig, needs=('entropy',))"
+        "(top_entropy)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        config = _config("algorithm.adv_estimator=trainer_plugin",
+                         "+algorithm.gear.plugins=[trainer_credit_plugin]",
+                         "+algorithm.gear.rho=0.5")
+        trainer = gear_trainer.GEARTrainerSync(config)
+        assert trainer.gear_settings.estimator.name == "trainer_plugin"
+        assert trainer.gear_settings.config.rho == 0.5
+        assert not trainer.gear_settings.needs_teacher
+        assert "trainer_plugin" in core_algos.ADV_ESTIMATOR_REGISTRY
+    finally:
+        registry._REGISTRY.pop("trainer_plugin", None)
+        estimators._ADAPTERS.pop("trainer_plugin", None)
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("trainer_plugin", None)
+        sys.modules.pop("trainer_credit_plugin", None)
+
+
 def test_bad_gear_settings_fail_before_any_worker_starts() -> None:
     with pytest.raises(ValueError, match="unknown key"):
         gear_trainer.GEARTrainerSync(_config("+algorithm.gear.lamda_kl=0.2"))
@@ -215,7 +246,8 @@ def test_advantage_step_runs_the_teacher_pass_and_gear(monkeypatch) -> None:
         divergence, student.entropy, mask, GEARConfig(lambda_kl=0.15, alpha=0.9))
     advantages = stored["advantages"].to_padded_tensor(0.0)
     torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
-    assert {"gear/weight_mean_pos", "gear/weight_mean_neg"} <= set(metrics)
+    assert {"gear/adv_abs_mean", "gear/weight_mean_pos", "gear/weight_mean_neg",
+            "gear/divergence_mean", "gear/segment_frac"} <= set(metrics)
 
 
 RECIPE_DIR = os.path.join(os.path.dirname(__file__), "..", "recipes", "verl")

@@ -14,6 +14,7 @@ from gear_rl.signals import (
     response_logprobs,
     token_signals,
 )
+from gear_rl.signals.divergence import MAX_LOG_RATIO, sampled_token_divergence
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -460,3 +461,56 @@ def test_response_logprobs_shared_matches_naive(arch):
         if name == "student":
             torch.testing.assert_close(shared.entropy.double(), ref["entropy"], atol=ATOL,
                                        rtol=RTOL)
+
+
+# ------------------------------------------------------------- k1 / k3 from the sampled token
+def _two_token_head() -> torch.nn.Linear:
+    """An LM head over a 1-d hidden state with logits ``(h, -h)``: ``log p(token 0) =
+    -softplus(-2h)``, about -200 at ``h = -100`` and about 0 at ``h = 100``."""
+    head = torch.nn.Linear(1, 2, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[1.0], [-1.0]]))
+    return head
+
+
+def test_sampled_token_divergence_at_extreme_log_ratios():
+    student = torch.tensor([-200.0, 0.0, -1.0, -3.0, -90.0])
+    teacher = torch.tensor([0.0, -200.0, -1.0, -2.5, 0.0])  # log ratios 200, -200, 0, 0.5, 90
+    k3 = sampled_token_divergence(student, teacher, "k3")
+    assert k3.dtype == torch.float32 and torch.isfinite(k3).all() and torch.all(k3 >= 0)
+    capped = (teacher.double() - student.double()).clamp(max=MAX_LOG_RATIO)
+    torch.testing.assert_close(k3.double(), torch.expm1(capped) - capped, rtol=1e-6, atol=0)
+    assert k3[0] == k3[4] == k3.max()  # 200 and 90 are both past the cap (exp(90) is inf)
+    assert k3[1] == 199.0  # k3 = e**-200 - 1 + 200: linear, no lower cap needed
+    assert k3[2] == 0.0
+    k1 = sampled_token_divergence(student, teacher, "k1")
+    assert torch.equal(k1, student - teacher)
+    with pytest.raises(ValueError, match="estimator"):
+        sampled_token_divergence(student, teacher, "full")
+    with pytest.raises(ValueError, match="teacher_logprobs"):
+        sampled_token_divergence(student, teacher[:2], "k3")
+
+
+def test_sampled_token_divergence_upcasts_bfloat16():
+    """k3 of a small log ratio is ~x**2 / 2, below bf16's resolution: computed in float32."""
+    student = torch.tensor([-1.0, -2.0], dtype=torch.bfloat16)
+    teacher = torch.tensor([-0.9921875, -2.0], dtype=torch.bfloat16)  # exact in bf16: x = 2**-7
+    k3 = sampled_token_divergence(student, teacher, "k3")
+    assert k3.dtype == torch.float32
+    x = torch.tensor(2.0**-7, dtype=torch.float64)
+    torch.testing.assert_close(k3[0].double(), torch.expm1(x) - x, rtol=1e-3, atol=0)
+    assert k3[1] == 0.0
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k3"])
+def test_signal_pass_k1_k3_finite_at_extreme_log_ratios(estimator):
+    from gear_rl.signals.divergence import _chunk_signals
+
+    student_hidden = torch.tensor([[-100.0], [100.0], [0.3], [-40.0]])
+    teacher_hidden = torch.tensor([[100.0], [-100.0], [0.1], [2.0]])
+    targets = torch.zeros(4, dtype=torch.long)
+    student, teacher, _entropy, divergence = _chunk_signals(
+        _two_token_head(), student_hidden, teacher_hidden, targets, 1.0, estimator, None)
+    torch.testing.assert_close((teacher - student)[:2], torch.tensor([200.0, -200.0]))
+    assert torch.isfinite(divergence).all()
+    assert torch.equal(divergence, sampled_token_divergence(student, teacher, estimator))

@@ -10,6 +10,9 @@ prefix), and the reverse KL ``d_t = KL(pi(.|s_t) || pi(.|s*_t))``. Estimators (D
 - ``k1``:   ``log p_s(a_t) - log p_t(a_t)``;
 - ``k3``:   ``r - 1 - log r`` with ``r = p_t(a_t) / p_s(a_t)`` (always >= 0).
 
+``k1`` and ``k3`` are :func:`sampled_token_divergence`, shared with the verl adapter (its dtype
+and capping rule are in its docstring).
+
 All distributions are the temperature-scaled ones the sampler used: ``softmax(logits / T)``.
 
 Alignment: response token ``t`` (0-based) of example ``b`` is predicted by the hidden state at
@@ -47,6 +50,10 @@ from transformers import DynamicCache, PreTrainedModel
 
 Estimator = Literal["full", "topk", "k1", "k3"]
 ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
+# The estimators that need only the sampled token's two log-probs (all verl's log-prob pass gives).
+SAMPLED_TOKEN_ESTIMATORS: tuple[str, ...] = ("k3", "k1")
+# The largest log-ratio log(p_t / p_s) k3 exponentiates (see sampled_token_divergence).
+MAX_LOG_RATIO = 64.0
 
 # Rows per LM-head chunk by default: about 2**25 logits (128 MiB in fp32) per [chunk, V] buffer.
 # Large enough that the head's matmul runs near full speed (on a 2-core CPU, 170-row chunks ran
@@ -75,6 +82,60 @@ class TokenSignals:
     entropy: torch.Tensor
     divergence: torch.Tensor
     mask: torch.Tensor
+
+
+def sampled_token_divergence(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
+                             estimator: str) -> torch.Tensor:
+    """The reverse-KL estimate ``k1`` or ``k3`` of each sampled token from its two log-probs.
+
+    With ``x = log p_t(a) - log p_s(a)`` (teacher minus student):
+
+    - ``k1 = -x``: unbiased for ``KL(p_s || p_t)`` when ``a ~ p_s``; can be negative;
+    - ``k3 = r - 1 - log r = expm1(x) - x``: also unbiased, always >= 0, lower variance.
+
+    This is the one implementation: the signal pass (:func:`token_signals`) and the verl
+    adapter both call it. Numerics, one rule for every engine:
+
+    - Computed in float32, or in the inputs' dtype where that is wider. bf16 and fp16 inputs are
+      upcast first: with bf16's 8 significant bits, ``expm1(x) - x ~ x**2 / 2`` is lost to
+      rounding (100% off at ``|x| = 1e-3``, 22% at 1e-2, 4% at 0.1), while float32 keeps it to
+      1e-4 relative at ``|x| = 1e-3``, about what the rounding of float32 log-probs near -1
+      leaves of ``x`` itself, so float64 would gain nothing. ``expm1`` (not ``exp - 1``) is what
+      keeps ``r`` close to 1 that precise.
+    - ``x`` is capped at :data:`MAX_LOG_RATIO` (64) before the exponential. float32 and bf16
+      share an 8-bit exponent (largest finite value 3.4e38), so ``exp`` overflows to inf in
+      both past ``x = 88.7``; at the cap ``k3 <= e**64 ~ 6.2e27``, so that even a float32 sum
+      of 2**31 capped tokens (a batch mean) stays finite. Past the cap the teacher finds the
+      token more than 6e27 times likelier than the student, and after GEAR's per-trajectory
+      normalisation such a token is its trajectory's maximum whatever its exact size. The cap
+      passes no gradient, which matters only past it.
+    - No lower cap: as ``x -> -inf``, ``k3 ~ -x - 1`` grows only linearly. ``k1`` needs none.
+
+    Args:
+        student_logprobs: ``log p_s(a_t)``, any shape (``[B, T]``, or ``[C]`` in the chunked
+            pass); may carry gradients.
+        teacher_logprobs: ``log p_t(a_t)``, the same shape.
+        estimator: ``"k1"`` or ``"k3"``.
+
+    Returns:
+        The divergence, the inputs' shape, in float32 (or the inputs' wider dtype).
+    """
+    if estimator not in SAMPLED_TOKEN_ESTIMATORS:
+        raise ValueError(
+            f"estimator must be one of {SAMPLED_TOKEN_ESTIMATORS}, got {estimator!r}"
+        )
+    if student_logprobs.shape != teacher_logprobs.shape:
+        raise ValueError(
+            f"teacher_logprobs has shape {tuple(teacher_logprobs.shape)}, student_logprobs has "
+            f"{tuple(student_logprobs.shape)}"
+        )
+    dtype = torch.promote_types(torch.promote_types(student_logprobs.dtype,
+                                                    teacher_logprobs.dtype), torch.float32)
+    log_ratio = teacher_logprobs.to(dtype) - student_logprobs.to(dtype)
+    if estimator == "k1":
+        return -log_ratio
+    log_ratio = log_ratio.clamp(max=MAX_LOG_RATIO)
+    return (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
 
 
 def default_chunk_size(vocab_size: int) -> int:
@@ -305,11 +366,8 @@ def _chunk_signals(
         teacher_top = teacher.gather(-1, index)
         teacher_top = teacher_top - teacher_top.logsumexp(-1, keepdim=True)
         divergence = (student_top.exp() * (student_top - teacher_top)).sum(-1)
-    elif estimator == "k1":
-        divergence = student_logprob - teacher_logprob
-    else:  # k3: r - 1 - log r, r = p_t / p_s; expm1 keeps precision when r is close to 1.
-        log_ratio = teacher_logprob - student_logprob
-        divergence = (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
+    else:
+        divergence = sampled_token_divergence(student_logprob, teacher_logprob, estimator)
     return student_logprob, teacher_logprob, entropy, divergence
 
 

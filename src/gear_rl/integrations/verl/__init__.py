@@ -6,10 +6,15 @@ verl 0.9.1 imports every entry point of the group ``verl.plugins`` at the end of
 (``verl/__init__.py``; ``VERL_USE_EXTERNAL_PLUGINS=none`` turns that off, and a plugin that fails is
 logged only at DEBUG). gear-rl's entry point is this module; importing it
 
-1. registers every gear-rl estimator with ``verl.trainer.ppo.core_algos``
-   (``algorithm.adv_estimator=gear``, ``gear_token_kl``, ..., ``rlsd``, ``dr_grpo``,
-   ``gear_rl_grpo``), and
-2. makes the trainer modes ``gear`` (verl's ``sync`` loop) and ``gear_colocate_async`` available to
+1. registers every token-level gear-rl estimator with ``verl.trainer.ppo.core_algos``
+   (``algorithm.adv_estimator=gear``, its ablations and the baselines; the names are the
+   registry's, see ``estimators.py``), including those of installed distributions that declare
+   the entry-point group ``gear_rl.estimators``;
+2. imports the modules named in the environment variable ``GEAR_RL_PLUGINS`` (comma-separated)
+   and registers their estimators too: a Ray worker that imports verl gets them without any
+   config (``algorithm.gear.plugins`` does the same when the ``gear`` trainer parses its
+   settings); and
+3. makes the trainer modes ``gear`` (verl's ``sync`` loop) and ``gear_colocate_async`` available to
    ``trainer.v1.trainer_mode``. verl imports its v1 trainer package lazily (only the process that
    runs the trainer needs it, and it pulls TransferQueue, FastAPI and more), so the trainer classes
    are registered the moment ``verl.trainer.ppo.v1`` finishes importing, not here.
@@ -29,17 +34,22 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 from types import ModuleType
 from typing import Any
 
 from gear_rl.integrations.verl.estimators import (
-    RENAMED,
+    METRIC_PREFIX,
+    RENAME_PREFIX,
     VERL_ESTIMATORS,
     VerlGEARSettings,
     VerlSignals,
     divergence_from_logprobs,
     gear_rl_name,
+    load_algorithm_plugins,
+    load_verl_plugins,
+    plugin_modules,
     provide_signals,
     register_estimators,
     settings_from_algorithm,
@@ -51,17 +61,24 @@ from gear_rl.integrations.verl.estimators import (
 logger = logging.getLogger(__name__)
 
 TRAINER_MODES: tuple[str, ...] = ("gear", "gear_colocate_async")
+# Comma-separated modules with estimators to register in every process that imports verl.
+PLUGINS_ENV = "GEAR_RL_PLUGINS"
 _V1 = "verl.trainer.ppo.v1"
 _TRAINER_MODULE = "gear_rl.integrations.verl.trainer"
 
 __all__ = [
-    "RENAMED",
+    "METRIC_PREFIX",
+    "PLUGINS_ENV",
+    "RENAME_PREFIX",
     "TRAINER_MODES",
     "VERL_ESTIMATORS",
     "VerlGEARSettings",
     "VerlSignals",
     "divergence_from_logprobs",
     "gear_rl_name",
+    "load_algorithm_plugins",
+    "load_env_plugins",
+    "load_verl_plugins",
     "provide_signals",
     "register",
     "register_estimators",
@@ -135,12 +152,26 @@ def register_trainer_modes() -> bool:
     return False
 
 
+def load_env_plugins() -> list[str]:
+    """Import the modules named in ``GEAR_RL_PLUGINS`` and register their estimators with verl
+    (:func:`load_verl_plugins`). Returns the estimator names they registered."""
+    return load_verl_plugins(plugin_modules(os.environ.get(PLUGINS_ENV), PLUGINS_ENV))
+
+
 def register() -> list[str]:
-    """Register the estimators (now) and the trainer modes (now or on import of verl's v1
-    trainer). Idempotent; runs when this module is imported. Returns the estimator names."""
-    names = register_estimators()
+    """Register the estimators (now), the trainer modes (now or on import of verl's v1
+    trainer), then the ``GEAR_RL_PLUGINS`` estimators. Idempotent; runs when this module is
+    imported. Returns the verl names of the registered estimators."""
+    register_estimators()
     register_trainer_modes()
-    return names
+    load_env_plugins()
+    return register_estimators()
 
 
-register()
+try:
+    register()
+except Exception as error:
+    # verl logs a plugin that fails to import only at DEBUG: say it where it will be seen.
+    # gear-rl's own estimators are registered before a GEAR_RL_PLUGINS module is imported.
+    logger.error("gear-rl's verl plugin failed to register: %s", error)
+    raise

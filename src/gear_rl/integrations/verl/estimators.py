@@ -1,20 +1,25 @@
 """gear-rl's credit estimators as verl advantage estimators (``algorithm.adv_estimator=<name>``).
 
 GEAR: "Granularity-adaptivE Advantage Reweighting", arXiv 2605.11853. The maths is
-``gear_rl.credit``; this module adapts verl's calling convention to it.
+``gear_rl.credit``; this module adapts verl's calling convention to it, reading only the registry
+declarations (``gear_rl.credit.registry``): which estimators exist, what each needs, its config.
 
 verl 0.9.1 calls a registered estimator as ``fn(token_level_rewards=[B, T], response_mask=[B, T],
 config=<algorithm config>, index=<uid array>)`` (``ray_trainer.compute_advantage``) and never passes
-entropy or log-probs. Estimators that need per-token signals (GEAR and its ablations, top-entropy,
-RLSD) therefore read them from :func:`provide_signals`, which the ``gear`` trainer mode
-(``gear_rl.integrations.verl.trainer``) opens around verl's own advantage step after it has fetched
-the student's entropy and log-probs and run the teacher pass. Outside that context those estimators
-raise a ``ValueError`` that says so; ``dr_grpo`` and ``gear_rl_grpo`` need nothing and run in any
-trainer.
+entropy or log-probs. Estimators that declare ``needs`` therefore read those signals from
+:func:`provide_signals`, which the ``gear`` trainer mode (``gear_rl.integrations.verl.trainer``)
+opens around verl's own advantage step after it has fetched the student's entropy and log-probs
+and run the teacher pass. Outside that context they raise a ``ValueError`` that says so;
+estimators that need nothing run in any trainer.
 
-Names: every registry name is registered as is, except ``grpo``, which verl already owns (and
-special-cases); gear-rl's GRPO is ``gear_rl_grpo`` (it differs from verl's only for groups of one,
-which get advantage 0 here and their raw score in verl).
+Which estimators: every token-level registry estimator whose reward enters the loss and that needs
+no distillation loss (:func:`verl_estimator_names`), including those registered later by a plugin
+(``algorithm.gear.plugins``, the ``GEAR_RL_PLUGINS`` environment variable, or the
+``gear_rl.estimators`` entry-point group); :func:`register_estimators` registers any not yet
+registered. Names: a registry name is used as is, unless verl itself defines an estimator of that
+name (verl special-cases some, e.g. ``grpo``); then it is ``gear_rl_<name>`` (gear-rl's GRPO is
+``gear_rl_grpo``, which differs from verl's only for groups of one: advantage 0 here, the raw
+score in verl).
 
 Knobs live under ``algorithm.gear`` (see :class:`VerlGEARSettings`).
 """
@@ -23,8 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,89 +38,129 @@ import torch
 from gear_rl.credit import (
     CreditBatch,
     Estimator,
-    GEARConfig,
+    credit_diagnostics,
     estimator_names,
-    gear_segments,
-    gear_weights,
     get_estimator,
-    grpo_advantages,
+    load_plugins,
 )
-from gear_rl.credit.config import OutcomeConfig
+from gear_rl.signals.divergence import SAMPLED_TOKEN_ESTIMATORS, sampled_token_divergence
 from gear_rl.signals.teacher import REFERENCE_KINDS, TeacherPromptConfig
 
-# gear-rl name -> the name it is registered under in verl, where verl already uses the name.
-RENAMED: Mapping[str, str] = {"grpo": "gear_rl_grpo"}
-DIVERGENCE_ESTIMATORS: tuple[str, ...] = ("k3", "k1")
-# The largest teacher/student log-ratio k3 exponentiates: e**80 is about 5.5e34, still finite in
-# float32. Past it the teacher is so much likelier than the student that the exact size no longer
-# matters after GEAR's per-trajectory normalisation.
-MAX_LOG_RATIO = 80.0
-
-# Integration-level keys of ``algorithm.gear`` (the rest are estimator config fields).
-_SETTINGS_KEYS = ("divergence", "reference_key", "reference_kind", "placement",
-                  "answer_template", "solution_template", "tool_call_template")
+# The prefix of a gear-rl estimator whose name verl already uses for one of its own.
+RENAME_PREFIX = "gear_rl_"
+# verl metric names of the credit diagnostics: "gear/" + gear_rl.credit.credit_diagnostics' names.
+METRIC_PREFIX = "gear/"
 
 
 def verl_estimator_names() -> list[str]:
-    """The registry estimators verl can run: token-level ones whose reward enters the loss
-    (step-level ones need per-turn inputs verl's agent loop does not pass; ``opsd`` needs a
-    distillation loss verl's actor does not have)."""
-    return [n for n in estimator_names(step_level=False) if get_estimator(n).uses_reward]
+    """The registry estimators verl can run: token-level ones whose reward enters the loss and
+    that add no distillation loss (step-level ones need per-turn inputs verl's agent loop does not
+    pass; verl's actor has no self-distillation loss)."""
+    return [n for n in estimator_names(step_level=False)
+            if get_estimator(n).uses_reward and not get_estimator(n).self_distillation]
+
+
+def _verl_own_names() -> frozenset[str]:
+    """Estimator names verl itself defines: its ``AdvantageEstimator`` enum and whatever verl's
+    own modules registered."""
+    from verl.trainer.ppo import core_algos
+
+    own = {member.value for member in core_algos.AdvantageEstimator}
+    own.update(name for name, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
+               if getattr(fn, "__module__", "").partition(".")[0] == "verl")
+    return frozenset(own)
+
+
+def _verl_names() -> dict[str, str]:
+    """verl name -> registry name, for every estimator of :func:`verl_estimator_names`."""
+    own = _verl_own_names()
+    names: dict[str, str] = {}
+    for name in verl_estimator_names():
+        verl_estimator = RENAME_PREFIX + name if name in own else name
+        if verl_estimator in names:
+            raise ValueError(f"gear-rl estimators {names[verl_estimator]!r} and {name!r} would "
+                             f"both be verl's {verl_estimator!r}; rename one")
+        names[verl_estimator] = name
+    return names
 
 
 def verl_name(name: str) -> str:
     """The name gear-rl's estimator ``name`` has in verl's ``algorithm.adv_estimator``."""
-    if name not in verl_estimator_names():
-        raise ValueError(f"name must be one of {verl_estimator_names()}, got {name!r}")
-    return RENAMED.get(name, name)
+    for verl_estimator, registry_name in _verl_names().items():
+        if registry_name == name:
+            return verl_estimator
+    raise ValueError(f"name must be one of {verl_estimator_names()}, got {name!r}")
 
 
 def gear_rl_name(verl_estimator: str) -> str | None:
     """The gear-rl registry name behind verl's ``verl_estimator``, or ``None`` if not ours."""
-    for name in verl_estimator_names():
-        if verl_name(name) == verl_estimator:
-            return name
-    return None
+    return _verl_names().get(verl_estimator)
 
 
-def _all_config_fields() -> set[str]:
-    fields: set[str] = set()
-    for estimator in map(get_estimator, verl_estimator_names()):
-        fields.update(f.name for f in dataclasses.fields(estimator.config_cls))
-    return fields
+def _config_fields() -> set[str]:
+    """Every config field of every estimator verl can run (each may appear in algorithm.gear)."""
+    return {f.name for name in verl_estimator_names()
+            for f in dataclasses.fields(get_estimator(name).config_cls)}
 
 
 @dataclass(frozen=True)
 class VerlGEARSettings:
-    """``algorithm.gear`` parsed for one estimator.
+    """``algorithm.gear`` parsed for one estimator. Every key is optional; the defaults are the
+    ones below and those of the estimator's own config class and of ``TeacherPromptConfig``.
 
     Attributes:
         estimator: the gear-rl estimator behind ``algorithm.adv_estimator``.
-        config: its config (``GEARConfig`` for the GEAR family): every config field of any
-            registry estimator may be set under ``algorithm.gear`` (``lambda_kl``, ``lambda_h``,
-            ``alpha``, ``beta``, ``normalize``, ``segmentation``, ``window``, ``sign_aware``,
-            ``mean_preserving``, ``eps``, ``norm_by_std``, ``rho``, ``lam``, ``eps_w``); fields of
-            other estimators are ignored. ``norm_by_std`` defaults to verl's
-            ``algorithm.norm_adv_by_std_in_grpo`` where the estimator does not pin it.
+        config: its config (its registered ``config_cls``): every config field of any estimator
+            verl can run may be set under ``algorithm.gear`` (GEAR's ``lambda_kl``, ``alpha``,
+            ...); fields of other estimators are ignored. ``norm_by_std`` defaults to verl's
+            ``algorithm.norm_adv_by_std_in_grpo`` where the config has it and does not pin it.
         divergence: ``k3`` (default) or ``k1``, from the sampled token's student and teacher
             log-probs; verl's log-prob pass returns only those, so ``full`` is not available here.
         reference_key: dotted path of the reference in a dataset row's non-tensor fields
             (verl's RL datasets keep the gold answer at ``reward_model.ground_truth``).
         reference_kind: ``answer``, ``solution`` or ``tool_call``: which hint template is used.
-        teacher_prompt: placement and wording of the hint (``placement``, ``*_template`` keys).
+        plugins: modules imported (``gear_rl.credit.load_plugins``) and registered with verl
+            before ``algorithm.adv_estimator`` is resolved: estimators defined outside gear-rl.
+        teacher_prompt: placement and wording of the hint (``TeacherPromptConfig``'s fields,
+            ``placement`` and ``*_template``, as keys).
     """
 
     estimator: Estimator
-    config: OutcomeConfig
+    config: Any
     divergence: str = "k3"
     reference_key: str = "reward_model.ground_truth"
     reference_kind: str = "answer"
+    plugins: tuple[str, ...] = ()
     teacher_prompt: TeacherPromptConfig = field(default_factory=TeacherPromptConfig)
+
+    def __post_init__(self) -> None:
+        if self.divergence not in SAMPLED_TOKEN_ESTIMATORS:
+            raise ValueError(
+                f"algorithm.gear.divergence must be one of {SAMPLED_TOKEN_ESTIMATORS} (verl "
+                f"returns only the sampled token's log-probs), got {self.divergence!r}"
+            )
+        key = self.reference_key
+        if not isinstance(key, str) or not key or "" in key.split("."):
+            raise ValueError(
+                f"algorithm.gear.reference_key must be a dotted path like "
+                f"'reward_model.ground_truth', got {key!r}"
+            )
+        if self.reference_kind not in REFERENCE_KINDS:
+            raise ValueError(
+                f"algorithm.gear.reference_kind must be one of {REFERENCE_KINDS}, "
+                f"got {self.reference_kind!r}"
+            )
 
     @property
     def needs_teacher(self) -> bool:
         """Whether the estimator reads teacher log-probs (directly or through the divergence)."""
-        return bool({"divergence", "teacher_logprobs"} & set(self.estimator.needs))
+        return self.estimator.needs_teacher
+
+
+# algorithm.gear keys that are VerlGEARSettings' own fields, and those of its teacher prompt.
+_OWN_KEYS = tuple(f.name for f in dataclasses.fields(VerlGEARSettings)
+                  if f.name not in ("estimator", "config", "teacher_prompt"))
+_PROMPT_KEYS = tuple(f.name for f in dataclasses.fields(TeacherPromptConfig))
 
 
 def _plain(value: Any) -> Any:
@@ -142,8 +186,49 @@ def _get(config: Any, key: str, default: Any = None) -> Any:
     return getattr(config, key, default)
 
 
+def plugin_modules(value: Any, source: str) -> tuple[str, ...]:
+    """Module names from ``value``: a list of names, or one comma-separated string (as in
+    ``GEAR_RL_PLUGINS``); ``source`` names the setting in errors."""
+    value = _plain(value)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{source} must be a list of module names, got {value!r}")
+    return tuple(v.strip() for v in value if v.strip())
+
+
+def load_verl_plugins(modules: Iterable[str]) -> list[str]:
+    """Import ``modules`` (each registers its estimators with ``gear_rl.credit`` on import) and
+    register every estimator verl can run that verl does not have yet. Returns the names the
+    modules registered (empty for modules imported before)."""
+    modules = list(modules)
+    names = load_plugins(modules) if modules else []
+    register_estimators()
+    return names
+
+
+def _gear_section(algorithm: Any) -> Mapping[str, Any]:
+    raw = _plain(_get(algorithm, "gear")) or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"algorithm.gear must be a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def load_algorithm_plugins(algorithm: Any) -> tuple[str, ...]:
+    """Load ``algorithm.gear.plugins`` (:func:`load_verl_plugins`); returns the module names."""
+    plugins = plugin_modules(_gear_section(algorithm).get("plugins"), "algorithm.gear.plugins")
+    if plugins:
+        load_verl_plugins(plugins)
+    return plugins
+
+
 def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) -> VerlGEARSettings:
     """Parse ``algorithm.gear`` for ``adv_estimator`` (default: ``algorithm.adv_estimator``).
+
+    ``algorithm.gear.plugins`` is loaded first (:func:`load_algorithm_plugins`), so a plugin's
+    estimator can be the one selected.
 
     Args:
         algorithm: verl's ``config.algorithm`` (a DictConfig, ``AlgoConfig`` or plain mapping),
@@ -155,6 +240,8 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
         ValueError: naming the key, for an estimator that is not gear-rl's, an unknown
             ``algorithm.gear`` key or a bad value.
     """
+    raw = _gear_section(algorithm)
+    plugins = load_algorithm_plugins(algorithm)
     if adv_estimator is None:
         adv_estimator = _get(algorithm, "adv_estimator")
     adv_estimator = getattr(adv_estimator, "value", adv_estimator)  # verl's AdvantageEstimator
@@ -162,18 +249,20 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
     if name is None:
         raise ValueError(
             f"algorithm.adv_estimator={adv_estimator!r} is not a gear-rl estimator; choose one of "
-            f"{sorted(verl_name(n) for n in verl_estimator_names())}"
+            f"{sorted(_verl_names())} (an estimator defined in another module needs "
+            "algorithm.gear.plugins=[<module>] or GEAR_RL_PLUGINS=<module>)"
         )
     estimator = get_estimator(name)
-    raw = _plain(_get(algorithm, "gear")) or {}
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"algorithm.gear must be a mapping, got {type(raw).__name__}")
-    known = _all_config_fields() | set(_SETTINGS_KEYS)
+    known = _config_fields() | set(_OWN_KEYS) | set(_PROMPT_KEYS)
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"algorithm.gear has unknown key(s) {unknown}; valid: {sorted(known)}")
 
     own = {f.name for f in dataclasses.fields(estimator.config_cls)}
+    clash = sorted(own & (set(_OWN_KEYS) | set(_PROMPT_KEYS)))
+    if clash:
+        raise ValueError(f"estimator {name!r}: config field(s) {clash} clash with the verl "
+                         "integration's own algorithm.gear keys; rename them")
     overrides = {k: v for k, v in raw.items() if k in own}
     if "norm_by_std" in own and "norm_by_std" not in overrides and "norm_by_std" not in (
             estimator.fixed):
@@ -182,55 +271,33 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
             overrides["norm_by_std"] = bool(norm)
     try:
         config = estimator.make_config(**overrides)
+        teacher_prompt = TeacherPromptConfig(**{k: raw[k] for k in _PROMPT_KEYS if k in raw})
     except (TypeError, ValueError) as err:
         raise ValueError(f"algorithm.gear: {err}") from err
-
-    divergence = raw.get("divergence", "k3")
-    if divergence not in DIVERGENCE_ESTIMATORS:
-        raise ValueError(
-            f"algorithm.gear.divergence must be one of {DIVERGENCE_ESTIMATORS} (verl returns only "
-            f"the sampled token's log-probs), got {divergence!r}"
-        )
-    reference_key = raw.get("reference_key", "reward_model.ground_truth")
-    if not isinstance(reference_key, str) or not reference_key or "" in reference_key.split("."):
-        raise ValueError(
-            f"algorithm.gear.reference_key must be a dotted path like "
-            f"'reward_model.ground_truth', got {reference_key!r}"
-        )
-    reference_kind = raw.get("reference_kind", "answer")
-    if reference_kind not in REFERENCE_KINDS:
-        raise ValueError(
-            f"algorithm.gear.reference_kind must be one of {REFERENCE_KINDS}, "
-            f"got {reference_kind!r}"
-        )
-    prompt_overrides = {k: raw[k] for k in ("placement", "answer_template", "solution_template",
-                                            "tool_call_template") if k in raw}
-    try:
-        teacher_prompt = TeacherPromptConfig(**prompt_overrides)
-    except ValueError as err:
-        raise ValueError(f"algorithm.gear: {err}") from err
-    return VerlGEARSettings(estimator=estimator, config=config, divergence=divergence,
-                            reference_key=reference_key, reference_kind=reference_kind,
-                            teacher_prompt=teacher_prompt)
+    settings = {k: raw[k] for k in _OWN_KEYS if k in raw}
+    settings["plugins"] = plugins
+    return VerlGEARSettings(estimator=estimator, config=config, teacher_prompt=teacher_prompt,
+                            **settings)
 
 
 def divergence_from_logprobs(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
                              mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token reverse-KL estimate from the sampled token's log-probs (DESIGN.md, step 2).
+    """Per-token reverse-KL estimate from the sampled token's log-probs (DESIGN.md, step 2):
+    ``gear_rl.signals.divergence.sampled_token_divergence`` (the signal pass's own ``k1``/``k3``,
+    with its dtype and capping rule) on the policy tokens.
 
     Args:
         student_logprobs: ``[B, T]`` ``log pi(a_t | s_t)``.
         teacher_logprobs: ``[B, T]`` ``log pi(a_t | s*_t)``.
         mask: ``[B, T]`` 1 on policy tokens; the output is 0 elsewhere (padding may hold junk).
         estimator: ``k1`` (``log pi - log pi*``, unbiased, can be negative) or ``k3``
-            (``r - 1 - log r``, ``r = pi* / pi``, >= 0; the log-ratio is capped at
-            ``MAX_LOG_RATIO``).
+            (``r - 1 - log r``, ``r = pi* / pi``, >= 0).
 
     Returns:
         ``[B, T]`` float32 divergence, 0 where ``mask == 0``.
     """
-    if estimator not in DIVERGENCE_ESTIMATORS:
-        raise ValueError(f"estimator must be one of {DIVERGENCE_ESTIMATORS}, got {estimator!r}")
+    if estimator not in SAMPLED_TOKEN_ESTIMATORS:
+        raise ValueError(f"estimator must be one of {SAMPLED_TOKEN_ESTIMATORS}, got {estimator!r}")
     for arg, value in (("student_logprobs", student_logprobs),
                        ("teacher_logprobs", teacher_logprobs), ("mask", mask)):
         if not isinstance(value, torch.Tensor) or value.dim() != 2:
@@ -238,18 +305,14 @@ def divergence_from_logprobs(student_logprobs: torch.Tensor, teacher_logprobs: t
         if value.shape != mask.shape:
             raise ValueError(f"{arg} has shape {tuple(value.shape)}, mask has {tuple(mask.shape)}")
     policy = mask.bool()
-    student = torch.where(policy, student_logprobs.double(), 0.0)
-    teacher = torch.where(policy, teacher_logprobs.double(), 0.0)
+    student = torch.where(policy, student_logprobs, 0.0)
+    teacher = torch.where(policy, teacher_logprobs, 0.0)
     if not bool(torch.isfinite(student).all()):
         raise ValueError("student_logprobs contains NaN or inf on policy tokens")
     if not bool(torch.isfinite(teacher).all()):
         raise ValueError("teacher_logprobs contains NaN or inf on policy tokens")
-    if estimator == "k1":
-        divergence = student - teacher
-    else:
-        log_ratio = (teacher - student).clamp(max=MAX_LOG_RATIO)
-        divergence = (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
-    return divergence.float()
+    divergence = sampled_token_divergence(student, teacher, estimator)
+    return torch.where(policy, divergence, 0.0).float()
 
 
 @dataclass
@@ -341,33 +404,12 @@ def _signal_fields(name: str, estimator: Estimator,
     return signals, values
 
 
-def _record_metrics(signals: VerlSignals, name: str, settings: VerlGEARSettings,
+def _record_metrics(signals: VerlSignals, estimator: Estimator, config: Any,
                     batch: CreditBatch, advantages: torch.Tensor) -> None:
-    """``gear/...`` diagnostics: which regime GEAR's weights are in (DESIGN.md asks for the mean
-    weight per advantage sign), how much of the response sits in segments, the divergence."""
-    policy = batch.mask.bool()
-    metrics = signals.metrics
-    metrics["gear/advantage_abs_mean"] = _masked_mean(advantages.abs(), policy)
-    if batch.divergence is not None:
-        metrics["gear/divergence_mean"] = _masked_mean(batch.divergence, policy)
-    if not isinstance(settings.config, GEARConfig):
-        return
-    config = settings.config
-    outcome = grpo_advantages(batch.rewards.float(), batch.group_ids,
-                              norm_by_std=config.norm_by_std, eps=config.eps)
-    weights = gear_weights(outcome, batch.divergence, batch.entropy, batch.mask, config)
-    onsets = gear_segments(batch.divergence, batch.entropy, batch.mask, config)
-    sign = outcome[:, None].expand_as(weights)
-    metrics["gear/weight_mean_pos"] = _masked_mean(weights, policy & (sign > 0))
-    metrics["gear/weight_mean_neg"] = _masked_mean(weights, policy & (sign < 0))
-    metrics["gear/segment_token_frac"] = _masked_mean((onsets >= 0).float(), policy)
-
-
-def _masked_mean(values: torch.Tensor, where: torch.Tensor) -> float:
-    count = int(where.sum())
-    if count == 0:
-        return math.nan
-    return float(values.double()[where].sum() / count)
+    """The credit diagnostics of ``gear_rl.credit`` (one set of names for every engine: mean
+    weight per advantage sign, segment fraction, divergence, ...) as ``gear/<name>``."""
+    for name, value in credit_diagnostics(estimator, config, batch, advantages).items():
+        signals.metrics[METRIC_PREFIX + name] = value
 
 
 def make_verl_estimator(name: str) -> Any:
@@ -394,9 +436,9 @@ def make_verl_estimator(name: str) -> Any:
         advantages = estimator(batch, settings.config)
         dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else (
             torch.float32)
+        if signals is not None:
+            _record_metrics(signals, estimator, settings.config, batch, advantages)
         advantages = advantages.to(device=token_level_rewards.device, dtype=dtype)
-        if signals is not None and estimator.needs:
-            _record_metrics(signals, name, settings, batch, advantages)
         return advantages, advantages
 
     compute.__name__ = f"compute_{verl_name(name)}_advantage"
@@ -416,31 +458,67 @@ def _hashable(value: Any) -> Any:
     return value
 
 
-# One adapter per estimator, built once, so registering twice is a no-op (verl refuses a second,
-# different function under a registered name).
-VERL_ESTIMATORS: Mapping[str, Any] = {verl_name(n): make_verl_estimator(n)
-                                      for n in verl_estimator_names()}
+# registry name -> (the Estimator, its verl adapter): one adapter per registered estimator, so
+# that registering again is a no-op (verl refuses a second, different function under a name).
+_ADAPTERS: dict[str, tuple[Estimator, Callable[..., Any]]] = {}
+
+
+def _adapter(name: str) -> Callable[..., Any]:
+    estimator = get_estimator(name)
+    cached = _ADAPTERS.get(name)
+    if cached is None or cached[0] is not estimator:
+        cached = _ADAPTERS[name] = (estimator, make_verl_estimator(name))
+    return cached[1]
+
+
+class _VerlEstimators(Mapping[str, Callable[..., Any]]):
+    """Live, read-only view: verl name -> adapter, for every estimator of
+    :func:`verl_estimator_names` as the registry holds them now (a plugin's appear once it is
+    loaded; :func:`register_estimators` puts them into verl)."""
+
+    def __getitem__(self, verl_estimator: str) -> Callable[..., Any]:
+        name = gear_rl_name(verl_estimator)
+        if name is None:
+            raise KeyError(verl_estimator)
+        return _adapter(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_verl_names())
+
+    def __len__(self) -> int:
+        return len(_verl_names())
+
+    def __repr__(self) -> str:
+        return f"VERL_ESTIMATORS({sorted(self)})"
+
+
+VERL_ESTIMATORS: Mapping[str, Callable[..., Any]] = _VerlEstimators()
 
 
 def register_estimators() -> list[str]:
-    """Register every gear-rl estimator with verl's ``core_algos`` (idempotent).
+    """Register with verl's ``core_algos`` every gear-rl estimator verl can run, including any a
+    plugin registered since the last call. Idempotent: a name verl already maps to the same
+    adapter is left alone.
 
     Returns:
-        The verl names registered.
+        The verl names of all gear-rl estimators now registered with verl.
 
     Raises:
-        RuntimeError: when one of the names already belongs to a different verl estimator.
+        RuntimeError: when names already belong to a different verl estimator (the others are
+            registered all the same).
     """
     from verl.trainer.ppo import core_algos
 
+    registered, taken = [], []
     for verl_estimator, fn in VERL_ESTIMATORS.items():
         existing = core_algos.ADV_ESTIMATOR_REGISTRY.get(verl_estimator)
-        if existing is fn:
+        if existing is None:
+            core_algos.register_adv_est(verl_estimator)(fn)
+        elif existing is not fn:
+            taken.append(f"{verl_estimator!r} ({existing!r})")
             continue
-        if existing is not None:
-            raise RuntimeError(
-                f"verl already has an advantage estimator named {verl_estimator!r} "
-                f"({existing!r}); gear-rl cannot register its own under that name"
-            )
-        core_algos.register_adv_est(verl_estimator)(fn)
-    return list(VERL_ESTIMATORS)
+        registered.append(verl_estimator)
+    if taken:
+        raise RuntimeError(f"verl already has different advantage estimators named "
+                           f"{', '.join(taken)}; gear-rl cannot register its own under them")
+    return registered

@@ -53,9 +53,11 @@ from gear_rl.integrations.teacher_inputs import (
     lookup_reference,
 )
 from gear_rl.integrations.verl.estimators import (
+    METRIC_PREFIX,
     VerlGEARSettings,
     VerlSignals,
     gear_rl_name,
+    load_algorithm_plugins,
     provide_signals,
     settings_from_algorithm,
     signals_from_logprobs,
@@ -182,7 +184,8 @@ class GEARTrainerMixin:
                                           batch_size=len(batch)))
         counts = rows.counts()
         for how in (SPLICED_HEAD, SPLICED_TAIL, RERENDERED, APPENDED, NO_REFERENCE):
-            metrics[f"gear/teacher_prompt_{how}_frac"] = counts.get(how, 0) / max(1, len(batch))
+            metrics[f"{METRIC_PREFIX}teacher_prompt_{how}_frac"] = (
+                counts.get(how, 0) / max(1, len(batch)))
 
     def _gear_render(self, messages: list[dict[str, Any]]) -> list[int]:
         """Chat messages -> prompt ids, the way verl's agent loop renders the student's prompt
@@ -200,8 +203,10 @@ class GEARTrainerMixin:
 def gear_settings_for(config: Any) -> VerlGEARSettings | None:
     """``algorithm.gear`` parsed for ``algorithm.adv_estimator``, checked against the rest of the
     config before any worker starts; ``None`` (with a warning) when the estimator is not
-    gear-rl's, in which case the trainer runs exactly like its base loop."""
+    gear-rl's, in which case the trainer runs exactly like its base loop.
+    ``algorithm.gear.plugins`` is loaded first, so a plugin's estimator counts as gear-rl's."""
     algorithm = config.algorithm
+    load_algorithm_plugins(algorithm)
     estimator = str(getattr(algorithm.adv_estimator, "value", algorithm.adv_estimator))
     if gear_rl_name(estimator) is None:
         logger.warning("trainer.v1.trainer_mode=gear with algorithm.adv_estimator=%s (not a "
