@@ -178,15 +178,15 @@ def _eval(argv: list[str]) -> int:
         if target is not None:
             from pathlib import Path
 
-            import yaml
-
+            from gear_rl.rundir import RunDir
             from gear_rl.train.config import config_from_dict
 
             path = Path(target)
-            run_dir = path if (path / "config.yaml").is_file() else path.parent.parent
-            if not (run_dir / "config.yaml").is_file():
+            # a run directory, or one of its checkpoints/step-N folders
+            run = RunDir(path) if RunDir(path).is_run() else RunDir(path.parent.parent)
+            if not run.is_run():
                 raise ValueError(f"{target} is not a gear-rl run directory or checkpoint folder")
-            config = config_from_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+            config = config_from_dict(run.read_config())
             config.resume = None
             config_from_dict(parsed, config)
             config.validate()

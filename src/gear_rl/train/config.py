@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
 from gear_rl.signals import ESTIMATORS as DIVERGENCES
 from gear_rl.signals.teacher import PLACEMENTS, TeacherPromptConfig
@@ -234,7 +235,7 @@ class SignalConfig:
     topk: int | None = None
     chunk_size: int | None = None
     batch_size: int = 32
-    placement: str = "user_end"
+    placement: str = TeacherPromptConfig().placement
     answer_template: str | None = TeacherPromptConfig().answer_template
 
     def validate(self, name: str = "signals") -> None:
@@ -290,7 +291,7 @@ class EvalConfig:
 @dataclass
 class AgentConfig:
     """Multi-turn rollouts of agent tasks (``tool-math``, ``bfcl``) and environments
-    (``sokoban``, ``keydoor``). Single-turn tasks ignore this section.
+    (``sokoban``, ``keydoor``, ``textarena:NAME``). Single-turn tasks ignore this section.
 
     Attributes:
         max_turns: policy turns per episode (None: the task's own; environments: their step
@@ -304,9 +305,10 @@ class AgentConfig:
     """
 
     max_turns: int | None = None
-    max_new_tokens_per_turn: int = 64
-    max_response_tokens: int = 384
-    max_observation_tokens: int = 128
+    # the episode limits' defaults live with their type, gear_rl.agent.AgentLimits
+    max_new_tokens_per_turn: int = AgentLimits.max_new_tokens_per_turn
+    max_response_tokens: int = AgentLimits.max_response_tokens
+    max_observation_tokens: int = AgentLimits.max_observation_tokens
     sandbox_workers: int = 2
     sandbox_timeout_s: float = 5.0
     sandbox_memory_mb: int = 512
