@@ -1,4 +1,4 @@
-"""GEAR worked by hand, step by step (DESIGN.md, "GEAR, as this project specifies it")."""
+"""GEAR worked by hand, step by step (docs/design.md, "GEAR, as this project specifies it")."""
 
 from __future__ import annotations
 

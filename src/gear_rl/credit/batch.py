@@ -1,6 +1,6 @@
 """The batch object every registry estimator takes (see ``gear_rl.credit.get_estimator``).
 
-Shapes follow DESIGN.md: per-token tensors are ``[B, T]`` over the response, right-padded;
+Shapes follow docs/design.md: per-token tensors are ``[B, T]`` over the response, right-padded;
 ``mask`` is 1 on trained policy tokens and 0 on padding and observation tokens.
 """
 

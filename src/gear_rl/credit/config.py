@@ -34,7 +34,7 @@ class OutcomeConfig:
 
 @dataclass(frozen=True)
 class GEARConfig(OutcomeConfig):
-    """GEAR knobs (DESIGN.md, "GEAR, as this project specifies it").
+    """GEAR knobs (docs/design.md, "GEAR, as this project specifies it").
 
     Attributes:
         lambda_kl: onset threshold on the normalised divergence ``n_s > lambda_kl`` (step 4);

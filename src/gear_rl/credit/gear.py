@@ -1,6 +1,6 @@
 """GEAR: Granularity-adaptivE Advantage Reweighting (arXiv 2605.11853, Sec. 3; Eqs. 3-8).
 
-The paper's text lost its equations; this follows the project's resolved reading in DESIGN.md,
+The paper's text lost its equations; this follows the project's resolved reading in docs/design.md,
 "GEAR, as this project specifies it". Per trajectory ``i`` with GRPO advantage ``A_i``:
 
 1. ``A_i`` from :func:`gear_rl.credit.grpo.grpo_advantages` (the estimator registry does this).
@@ -135,7 +135,7 @@ def gear_segments(
     mask: torch.Tensor,
     config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
 ) -> torch.Tensor:
-    """Segment onsets (DESIGN.md steps 3-4).
+    """Segment onsets (docs/design.md steps 3-4).
 
     Args:
         divergence, entropy, mask: ``[B, T]`` as in :func:`gear_advantages`.
@@ -155,7 +155,7 @@ def gear_weights(
     mask: torch.Tensor,
     config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
 ) -> torch.Tensor:
-    """The per-token weights ``W_t`` (DESIGN.md step 7, after ``mean_preserving`` if set).
+    """The per-token weights ``W_t`` (docs/design.md step 7, after ``mean_preserving`` if set).
 
     Only the sign of each ``advantages`` entry matters. Returns ``[B, T]``, 0 where
     ``mask == 0``; ``gear_advantages == gear_weights * advantages[:, None]``. For metrics and
@@ -196,7 +196,7 @@ def gear_advantages_reference(
     mask: torch.Tensor,
     config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
 ) -> torch.Tensor:
-    """DESIGN.md steps 3-7 written out one row at a time in plain Python (slow; for tests).
+    """docs/design.md steps 3-7 written out one row at a time in plain Python (slow; for tests).
 
     Same contract as :func:`gear_advantages`; returns float64 ``[B, T]``.
     """

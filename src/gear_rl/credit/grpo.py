@@ -6,7 +6,7 @@ Training", arXiv 2503.20783, Sec. 3.2: drop the std division, ``A_i = R_i - mean
 
 Matches verl's ``compute_grpo_outcome_advantage`` (unbiased std, ``eps`` added to the std) for
 groups of two or more. A group of one gets advantage 0 here (verl gives its raw score): a lone
-sample has no baseline, so it carries no learning signal (DESIGN.md, step 1).
+sample has no baseline, so it carries no learning signal (docs/design.md, step 1).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""GEAR's segmentation scan (arXiv 2605.11853, Sec. 3.2; DESIGN.md steps 3-7), two ways.
+"""GEAR's segmentation scan (arXiv 2605.11853, Sec. 3.2; docs/design.md steps 3-7), two ways.
 
-- :func:`scan_reference`: the scan of DESIGN.md step 4 in plain Python, one row at a time. It is
-  the specification the tests hold the kernel to.
+- :func:`scan_reference`: the scan of docs/design.md step 4 in plain Python, one row at a time.
+  It is the specification the tests hold the kernel to.
 - :func:`gear_kernel`: the whole per-row pipeline (validate, normalise, scan, score, sign-aware
   weight, rescale) fused into one numba kernel, parallel over rows. The scan is sequential within
   a row, so it cannot be vectorised; fusing every step into one pass over memory is what keeps
@@ -28,11 +28,11 @@ NORMALIZE_CODES = {"minmax": 0, "max": 1, "none": 2}
 OUTPUT_ADVANTAGES, OUTPUT_ONSETS, OUTPUT_WEIGHTS = 0, 1, 2
 # Per-row status codes the kernel reports; the caller turns them into ValueErrors.
 STATUS_OK, STATUS_DIVERGENCE, STATUS_ENTROPY, STATUS_MASK = 0, 1, 2, 3
-RANGE_EPS = 1e-8  # DESIGN.md step 3: a range below this normalises to 0
+RANGE_EPS = 1e-8  # docs/design.md step 3: a range below this normalises to 0
 
 
 # ---------------------------------------------------------------------------------------------
-# Reference: DESIGN.md step 3 (normalise) and step 4 (scan), literally, in plain Python.
+# Reference: docs/design.md step 3 (normalise) and step 4 (scan), literally, in plain Python.
 # ---------------------------------------------------------------------------------------------
 def normalize_reference(values: Sequence[float], mask: Sequence[int], mode: str) -> list[float]:
     """Per-trajectory normalisation over policy tokens (``mask == 1``); 0 on masked-out ones."""
@@ -60,7 +60,7 @@ def scan_reference(
     mask: Sequence[int],
     config: GEARConfig,
 ) -> list[int]:
-    """Segment onsets of one trajectory, by DESIGN.md step 4.
+    """Segment onsets of one trajectory, by docs/design.md step 4.
 
     Args:
         normalized: ``[T]`` normalised divergence ``n_t``.

@@ -140,7 +140,7 @@ def _mask(sample: dict[str, Any]) -> list[int]:
 
 
 def normalized_divergence(sample: dict[str, Any], mode: str = "minmax") -> list[float] | None:
-    """GEAR's per-trajectory normalised divergence ``n_t`` of one sample (DESIGN.md step 3:
+    """GEAR's per-trajectory normalised divergence ``n_t`` of one sample (docs/design.md step 3:
     min-max over policy tokens by default, 0 on observation tokens), computed by the credit
     package's own :func:`gear_rl.credit.segments.normalize_reference`. None when the sample has
     no divergence."""

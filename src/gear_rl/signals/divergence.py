@@ -3,7 +3,7 @@
 GEAR (Granularity-adaptivE Advantage Reweighting), arXiv 2605.11853, needs for every response
 token ``a_t``: the student's log-prob ``log pi(a_t | s_t)`` and entropy ``H_t``, the teacher's
 log-prob ``log pi(a_t | s*_t)`` (same model, ground-truth-conditioned prompt, same response
-prefix), and the reverse KL ``d_t = KL(pi(.|s_t) || pi(.|s*_t))``. Estimators (DESIGN.md):
+prefix), and the reverse KL ``d_t = KL(pi(.|s_t) || pi(.|s*_t))``. Estimators (docs/design.md):
 
 - ``full``: ``sum_v p_s(v) (log p_s(v) - log p_t(v))``, exact over the vocabulary;
 - ``topk``: the same sum over the student's top-k tokens, both distributions renormalised there;

@@ -2,7 +2,7 @@
 to the initial policy, and on-policy self-distillation. Pure functions: tensors in, tensors out.
 
 Shapes: every per-token tensor is ``[B, T]`` over the response, right-padded, with ``mask`` 1 on
-trained tokens (DESIGN.md). Losses are aggregated with verl's ``loss_agg_mode`` semantics; the
+trained tokens (docs/design.md). Losses are aggregated with verl's ``loss_agg_mode`` semantics; the
 normalisers can be given for the whole mini-batch so that gradient accumulation over
 micro-batches sums to exactly the mini-batch loss.
 """

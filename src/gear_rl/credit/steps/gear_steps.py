@@ -1,6 +1,6 @@
 """GEAR token weights on top of a step-level advantage (beyond the papers).
 
-GEAR (arXiv 2605.11853; DESIGN.md, "GEAR, as this project specifies it") reshapes one scalar
+GEAR (arXiv 2605.11853; docs/design.md, "GEAR, as this project specifies it") reshapes one scalar
 advantage per trajectory into per-token advantages ``Ahat_t = W_t * A``, where ``W_t`` comes
 from the divergence/entropy segments and the sign of ``A``. Here the advantage is per step
 instead: a step-level estimator (``turn_level``, ``gigpo``, ``gagpo`` or ``gated_bepo``) gives

@@ -282,7 +282,7 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
 
 def divergence_from_logprobs(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor,
                              mask: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
-    """Per-token reverse-KL estimate from the sampled token's log-probs (DESIGN.md, step 2):
+    """Per-token reverse-KL estimate from the sampled token's log-probs (docs/design.md, step 2):
     ``gear_rl.signals.divergence.sampled_token_divergence`` (the signal pass's own ``k1``/``k3``,
     with its dtype and capping rule) on the policy tokens.
 
