@@ -40,6 +40,7 @@ def synthetic_batch(batch: int, length: int, seed: int) -> CreditBatch:
 def run_demo(seed: int = 0, batch: int = 8, length: int = 24) -> None:
     """Run every registered estimator on a synthetic batch and show GEAR's per-token credit."""
     data = synthetic_batch(batch, length, seed)
+    assert data.divergence is not None and data.entropy is not None  # synthetic_batch sets both
     advantages = grpo_advantages(data.rewards, data.group_ids)
     print(f"synthetic batch: {batch} trajectories in groups of 4, up to {length} tokens, "
           f"an observation span at t={length // 3}..{length // 3 + 2}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 from gear_rl.agent.parsing import ParsedTurn, ToolCall, ToolCallFormat, get_format, parse_turn
 
@@ -374,7 +374,9 @@ def run_agent(
             else:
                 pending += [(i, call) for call in parsed.calls]
                 still_active.append(i)
-        outputs = executor([call for _, call in pending]) if pending else []
+        # calls are only pending without config.stop_after_tool_call, which requires an executor
+        outputs = (cast(ToolExecutor, executor)([call for _, call in pending]) if pending
+                   else [])
         if len(outputs) != len(pending):
             raise ValueError(f"executor returned {len(outputs)} outputs for {len(pending)} calls")
         by_row: dict[int, list[ToolOutput]] = {}
@@ -428,7 +430,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     reasons = Counter(t.finish_reason for t in trajectories)
     for reason in ("answer", "tool_call", "max_turns", "length", "unterminated_call",
                    "token_budget"):
-        metrics[f"agent/finish_{reason}"] = reasons.get(reason, 0) / n  # type: ignore[call-overload]
+        metrics[f"agent/finish_{reason}"] = reasons.get(reason, 0) / n
     return metrics
 
 

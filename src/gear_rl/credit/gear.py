@@ -20,6 +20,8 @@ functions run the fused numba kernel of :mod:`gear_rl.credit.segments`, held to 
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import torch
 
@@ -185,8 +187,9 @@ _PAPER = "arXiv 2605.11853"
 def gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
     """GEAR's ``[B, T]`` advantages on ``batch``: its GRPO advantage reshaped by
     :func:`gear_advantages`."""
-    return gear_advantages(outcome_advantages(batch, config), batch.divergence, batch.entropy,
-                           batch.mask, config)
+    # the registry's batch.require(needs) has checked that divergence and entropy are set
+    return gear_advantages(outcome_advantages(batch, config), cast(torch.Tensor, batch.divergence),
+                           cast(torch.Tensor, batch.entropy), batch.mask, config)
 
 
 def gear_advantages_reference(

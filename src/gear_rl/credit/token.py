@@ -14,6 +14,7 @@ GEAR's own ablations (token-KL weights, KL-only, entropy-only and entropy-window
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -97,8 +98,9 @@ def rlsd_advantages(
                     description="only the top-rho highest-entropy tokens keep A")
 def top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
     """:func:`top_entropy_advantages` on ``batch``'s GRPO advantage."""
-    return top_entropy_advantages(outcome_advantages(batch, config), batch.entropy, batch.mask,
-                                  rho=config.rho)
+    # the registry's batch.require(needs) has checked that the fields needed here are set
+    return top_entropy_advantages(outcome_advantages(batch, config),
+                                  cast(torch.Tensor, batch.entropy), batch.mask, rho=config.rho)
 
 
 @register_estimator("rlsd", config=RLSDConfig, needs=("student_logprobs", "teacher_logprobs"),
@@ -106,6 +108,7 @@ def top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
                     description="RLSD: clipped teacher/student ratio token weights")
 def rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
     """:func:`rlsd_advantages` on ``batch``'s GRPO advantage."""
-    return rlsd_advantages(outcome_advantages(batch, config), batch.student_logprobs,
-                           batch.teacher_logprobs, batch.mask, lam=config.lam,
-                           eps_w=config.eps_w)
+    return rlsd_advantages(outcome_advantages(batch, config),
+                           cast(torch.Tensor, batch.student_logprobs),
+                           cast(torch.Tensor, batch.teacher_logprobs), batch.mask,
+                           lam=config.lam, eps_w=config.eps_w)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from gear_rl.signals.teacher import TeacherPromptConfig, teacher_messages
+from gear_rl.signals.teacher import ReferenceKind, TeacherPromptConfig, teacher_messages
 
 Render = Callable[[list[dict[str, Any]]], list[int]]
 
@@ -108,10 +108,12 @@ def teacher_prompt_ids(student_ids: Sequence[int], prompt: Any, reference: str |
     config = config or TeacherPromptConfig()
     if reference is None:
         return list(student_ids), NO_REFERENCE
+    # kind is an engine config string: hint() and teacher_messages() check it is a ReferenceKind
     if isinstance(prompt, str):
-        return list(student_ids) + encode(config.hint(reference, kind)), APPENDED
+        hint = config.hint(reference, cast(ReferenceKind, kind))
+        return list(student_ids) + encode(hint), APPENDED
     messages = [dict(m) for m in prompt]
-    hinted = teacher_messages(messages, reference, kind=kind, config=config)
+    hinted = teacher_messages(messages, reference, kind=cast(ReferenceKind, kind), config=config)
     return splice_teacher_prompt(student_ids, render(messages), render(hinted))
 
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -81,7 +81,8 @@ from gear_rl.integrations.teacher_inputs import (
 from gear_rl.signals import ESTIMATORS as DIVERGENCE_ESTIMATORS
 from gear_rl.signals import TeacherPromptConfig, response_logprobs, token_signals
 from gear_rl.signals import prompt_ids as render_prompt_ids
-from gear_rl.signals.teacher import PLACEMENTS, REFERENCE_KINDS
+from gear_rl.signals.divergence import Estimator as DivergenceEstimator
+from gear_rl.signals.teacher import PLACEMENTS, REFERENCE_KINDS, Placement
 
 # Config field -> TeacherPromptConfig field, for the hint wording overrides.
 _TEMPLATE_FIELDS = {"teacher_answer_template": "answer_template",
@@ -112,7 +113,8 @@ def trl_estimator(name: str) -> Estimator:
     try:
         estimator = get_estimator(name)
     except ValueError:
-        reason = "not registered (an estimator from another module needs plugins=[<module>])"
+        reason: str | None = (
+            "not registered (an estimator from another module needs plugins=[<module>])")
     else:
         reason = _unsupported(estimator)
         if reason is None:
@@ -239,7 +241,9 @@ class CreditGRPOConfig(GRPOConfig):
     def credit_config(self) -> Any:
         """``credit`` as the estimator's config dataclass (``make_config`` checks every value)."""
         try:
-            return self.credit_estimator.make_config(**(self.credit or {}))
+            # __post_init__ has parsed a JSON str credit into a dict
+            credit = cast("dict[str, Any]", self.credit or {})
+            return self.credit_estimator.make_config(**credit)
         except (TypeError, ValueError) as error:
             raise ValueError(f"credit: {error}") from error
 
@@ -248,7 +252,9 @@ class CreditGRPOConfig(GRPOConfig):
         """Where and how the reference is shown to the teacher (library wording unless set)."""
         templates = {key: getattr(self, name) for name, key in _TEMPLATE_FIELDS.items()
                      if getattr(self, name) is not None}
-        return TeacherPromptConfig(placement=self.teacher_placement, **templates)
+        # __post_init__ has checked teacher_placement is one of PLACEMENTS
+        return TeacherPromptConfig(placement=cast(Placement, self.teacher_placement),
+                                   **templates)
 
 
 def reshape_outcome(estimator: Estimator, config: Any,
@@ -319,24 +325,25 @@ class CreditGRPOTrainer(GRPOTrainer):
         prompts = [row[mask.bool()].tolist()
                    for row, mask in zip(output["prompt_ids"], output["prompt_mask"], strict=True)]
         hows: list[str] = []
-        signals: dict[str, torch.Tensor] = {}
+        signals: dict[str, Any] = {}  # CreditBatch's tensor fields, by name
         model = self.accelerator.unwrap_model(self.model)
         with torch.no_grad():
             if estimator.needs_teacher:
                 teacher_prompts, hows = self._teacher_prompts(inputs, prompts)
                 scores = token_signals(
                     model, prompts, teacher_prompts, completion_ids.tolist(),
-                    temperature=self.temperature, estimator=args.divergence,
+                    temperature=self.temperature,
+                    estimator=cast(DivergenceEstimator, args.divergence),  # checked in config
                     topk=args.divergence_topk, response_mask=policy,
                     chunk_size=args.signal_chunk_size)
                 signals = {"divergence": scores.divergence, "entropy": scores.entropy,
                            "student_logprobs": scores.student_logprobs,
                            "teacher_logprobs": scores.teacher_logprobs}
             elif estimator.needs:
-                scores = response_logprobs(
+                student = response_logprobs(
                     model, prompts, completion_ids.tolist(), temperature=self.temperature,
                     response_mask=policy, chunk_size=args.signal_chunk_size)
-                signals = {"entropy": scores.entropy, "student_logprobs": scores.logprobs}
+                signals = {"entropy": student.entropy, "student_logprobs": student.logprobs}
         device = advantages.device
         batch = CreditBatch(rewards=advantages, group_ids=self._group_ids(len(inputs)),
                             mask=policy, **{k: v.to(device) for k, v in signals.items()})
@@ -350,6 +357,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _group_ids(self, size: int) -> list[int]:
         """TRL's groups: ``num_generations`` consecutive completions of the whole (all-process)
         generation batch share a prompt; this process holds rows ``[rank * size, ...)``."""
+        assert self.model is not None  # the trainer is built with a model
         generations = self.num_generations if self.model.training else self.num_generations_eval
         offset = self.accelerator.process_index * size
         return [(offset + row) // generations for row in range(size)]
@@ -382,6 +390,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def _log_credit(self, estimator: Estimator, config: Any, batch: CreditBatch,
                     advantages: torch.Tensor, fallback: torch.Tensor, hows: list[str]) -> None:
+        assert self.model is not None  # the trainer is built with a model
         mode = "train" if self.model.training else "eval"
         values = {f"gear/{name}": value for name, value in credit_diagnostics(
             estimator, config, batch, advantages, outcome=batch.rewards).items()}

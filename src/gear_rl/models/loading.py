@@ -15,14 +15,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from gear_rl.models.smollm2 import ensure_smollm2
-from gear_rl.models.tiny import build_tiny_tokenizer, tiny_random_model
+from gear_rl.models.tiny import TinyArch, build_tiny_tokenizer, tiny_random_model
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_NAMES = ("smollm2-135m", "smollm2-135m-instruct")
-TINY_RANDOM_NAMES = {"tiny-random": "llama", "tiny-random-llama": "llama",
-                     "tiny-random-qwen2": "qwen2", "tiny-random-qwen3": "qwen3"}
+TINY_RANDOM_NAMES: dict[str, TinyArch] = {
+    "tiny-random": "llama", "tiny-random-llama": "llama",
+    "tiny-random-qwen2": "qwen2", "tiny-random-qwen3": "qwen3",
+}
 KNOWN_NAMES = (*SMOLLM2_NAMES, *TINY_RANDOM_NAMES)
+_CHOICES = (f"use one of {list(KNOWN_NAMES)} or a local Hugging Face model directory (one with "
+            "a config.json; gear-rl never downloads from a hub)")
 
 
 def load_policy(
@@ -53,6 +57,8 @@ def load_policy(
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     name = str(name_or_path)
+    if isinstance(name_or_path, str) and not name.strip():
+        raise ValueError(f"name_or_path is empty ({name!r}): {_CHOICES}")
     if name.lower() in SMOLLM2_NAMES:
         path = ensure_smollm2()
     elif name.lower() in TINY_RANDOM_NAMES:
@@ -62,13 +68,20 @@ def load_policy(
     else:
         path = Path(name).expanduser()
         if not path.is_dir():
-            raise ValueError(
-                f"name_or_path {name!r} is neither a known model name {list(KNOWN_NAMES)} nor a "
-                "local Hugging Face directory (gear-rl never downloads from a hub)"
-            )
+            raise ValueError(f"name_or_path {name!r} is neither a known model name nor an "
+                             f"existing directory: {_CHOICES}")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"name_or_path {name!r} is a directory without a config.json, not a "
+                             f"Hugging Face model: {_CHOICES}")
     logger.info("loading policy from %s (%s, %s)", path, dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"name_or_path {name!r}: transformers could not load a causal LM and "
+                         f"its tokenizer from {path} ({reason})") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to(device).eval(), tokenizer
+    # typeshed's functools.wraps types PreTrainedModel.to (@wraps(Module.to)) as unbound
+    return model.to(device).eval(), tokenizer  # type: ignore[arg-type]

@@ -7,13 +7,14 @@ models are built from a transformers config and initialised from a fixed seed.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    PreTrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -89,7 +90,7 @@ def tiny_random_model(
         raise ValueError(
             f"num_heads ({num_heads}) must be divisible by num_kv_heads ({num_kv_heads})"
         )
-    common = dict(
+    common: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -103,6 +104,8 @@ def tiny_random_model(
         eos_token_id=258 if vocab_size > 258 else None,  # <|im_end|> in build_tiny_tokenizer
         pad_token_id=256 if vocab_size > 256 else None,  # <|endoftext|>
     )
+    config: PreTrainedConfig
+    cls: type[PreTrainedModel]
     if arch == "llama":
         config, cls = LlamaConfig(**common), LlamaForCausalLM
     elif arch == "qwen2":
@@ -115,4 +118,5 @@ def tiny_random_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
-    return model.to(device=device, dtype=dtype).eval()
+    # typeshed's functools.wraps types PreTrainedModel.to (@wraps(Module.to)) as unbound
+    return model.to(device=device, dtype=dtype).eval()  # type: ignore[call-arg]

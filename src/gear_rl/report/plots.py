@@ -11,7 +11,9 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from gear_rl.report.data import RunData, eval_keys, weight_stats_by_step
@@ -56,7 +58,7 @@ def save_plot(plot: Plot, folder: str | Path) -> Path:
     return path
 
 
-def _figure(title: str, ylabel: str, xlabel: str = "training step") -> tuple[Figure, object]:
+def _figure(title: str, ylabel: str, xlabel: str = "training step") -> tuple[Figure, Axes]:
     figure = Figure(figsize=(6.0, 3.4), layout="constrained")
     axes = figure.add_subplot()
     axes.set_title(title)
@@ -66,7 +68,7 @@ def _figure(title: str, ylabel: str, xlabel: str = "training step") -> tuple[Fig
     return figure, axes
 
 
-def _line(axes, run: RunData, key: str, label: str, **style) -> bool:
+def _line(axes: Axes, run: RunData, key: str, label: str, **style: Any) -> bool:
     steps, values = run.series(key)
     if not steps:
         return False

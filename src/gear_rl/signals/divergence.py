@@ -41,12 +41,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 
 Estimator = Literal["full", "topk", "k1", "k3"]
 ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
@@ -361,7 +361,8 @@ def _chunk_signals(
     if estimator == "full":
         divergence = _rowwise_dot(student_probs, student - teacher)
     elif estimator == "topk":
-        student_top, index = student.topk(topk, dim=-1)  # [C, k]
+        # token_signals has checked topk (an int in [1, V]) for estimator='topk'
+        student_top, index = student.topk(cast(int, topk), dim=-1)  # [C, k]
         student_top = student_top - student_top.logsumexp(-1, keepdim=True)
         teacher_top = teacher.gather(-1, index)
         teacher_top = teacher_top - teacher_top.logsumexp(-1, keepdim=True)
@@ -431,7 +432,7 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
     for prompt_length, bucket in by_length.items():
         local = {distinct[prompt]: i for i, prompt in enumerate(bucket)}
         members = [b for b, p in enumerate(prompt_of) if p in local]
-        cache = DynamicCache(config=backbone.config)
+        cache = DynamicCache(config=cast(PreTrainedConfig, backbone.config))
         prompt_hidden = backbone(
             input_ids=torch.tensor(bucket, dtype=torch.long, device=device),
             position_ids=torch.arange(prompt_length, device=device).expand(len(bucket), -1),
@@ -518,7 +519,7 @@ def _check_chunk_size(chunk_size: object, vocab_size: int) -> int:
 
 def _id_lists(name: str, value: Sequence[Sequence[int]],
               model: PreTrainedModel) -> list[list[int]]:
-    vocab_size = model.get_input_embeddings().num_embeddings
+    vocab_size = cast(int, model.get_input_embeddings().num_embeddings)
     out = []
     for i, ids in enumerate(value):
         if isinstance(ids, torch.Tensor):

@@ -31,10 +31,10 @@ import importlib.util
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gear_rl.agent.parsing import parse_json_calls
 from gear_rl.tasks.base import AgentSpec, Problem, Task
@@ -156,7 +156,7 @@ def _type_check(param: str, value: Any, options: Sequence[Any], declared: str,
             # as BFCL: a non-list option (the "" of an omittable parameter) passes the check
             if not isinstance(option, list) or all(
                     _type_check(param, item, option, nested.__name__, nested, None)[0].valid
-                    for item in value):
+                    for item in cast(Iterable[Any], value)):
                 return CheckResult(True), is_variable
         return CheckResult(False, f"Nested type checking failed for parameter {param!r}.",
                            "type_error:nested"), is_variable
@@ -257,7 +257,7 @@ def _check_function(description: Mapping[str, Any], output: Mapping[str, Any],
             elif expected is list:
                 standard = _standardised_options(value)
                 # as BFCL's list_checker: the "" of an omittable parameter reads as []
-                acceptable = [_standardised_options(o) if isinstance(o, list) else []
+                acceptable: list[Any] = [_standardised_options(o) if isinstance(o, list) else []
                               for o in options[param] if isinstance(o, list) or o == ""]
                 if standard not in acceptable:
                     result = CheckResult(False, f"Invalid value for parameter {param!r}: "

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedConfig
 
 __all__ = ["Rollout", "sample_next_token", "sample_responses", "stop_token_ids"]
 
@@ -179,7 +180,7 @@ def sample_responses(
     positions = (attention.cumsum(-1) - 1).clamp_(min=0)
     stop_tensor = torch.tensor(stops, device=device)
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=cast(PreTrainedConfig, model.config))
     responses: list[list[int]] = [[] for _ in range(batch)]
     finished = [False] * batch
     active = torch.arange(batch, device=device)  # original row of each live batch row

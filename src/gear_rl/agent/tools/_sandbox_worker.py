@@ -535,7 +535,9 @@ def code_environment(config: dict) -> dict[str, str]:
 def _safe_print_exception(exc: BaseException) -> None:
     # plain try/except (not contextlib): the code may have replaced modules in this process
     try:
-        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next, file=sys.stderr)
+        # a caught exception has a traceback; were it None, the AttributeError is caught below
+        tb = exc.__traceback__.tb_next  # type: ignore[union-attr]
+        traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
     except BaseException:
         try:  # noqa: SIM105
             _write(2, f"{type(exc).__name__}: {exc}\n".encode(errors="replace"))

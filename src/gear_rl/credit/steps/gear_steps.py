@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -134,8 +134,9 @@ def gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:
                                     require_states=_needs_states(config))
     per_step = base.step_fn(batch.rewards, steps, config.resolved_base_config)  # type: ignore[misc]
     advantages = broadcast_steps(per_step, steps.spans, batch.mask, output_dtype(batch.rewards))
-    return gear_reweight(advantages, batch.divergence, batch.entropy, batch.mask,
-                         config.gear_config())
+    # the registry's batch.require(needs) has checked that divergence and entropy are set
+    return gear_reweight(advantages, cast(torch.Tensor, batch.divergence),
+                         cast(torch.Tensor, batch.entropy), batch.mask, config.gear_config())
 
 
 def gear_steps_advantages(
