@@ -29,7 +29,7 @@ that window.
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 import transfer_queue as tq
@@ -76,6 +76,10 @@ class GEARTrainerMixin:
     base_trainer_mode: ClassVar[str] = "sync"
     gear_trainer_mode: str
     gear_settings: VerlGEARSettings | None
+    # set by verl's PPOTrainer, the class this mixin is combined with
+    config: Any
+    tokenizer: Any
+    actor_rollout_wg: Any
 
     # verl's PPOTrainer.__init__ assigns config.trainer.v1.trainer_mode here ("gear"); the base
     # class's logic keys on its own loop's name, so that is what it reads back.
@@ -192,7 +196,7 @@ class GEARTrainerMixin:
         (verl's ``apply_chat_template`` with ``data.apply_chat_template_kwargs``)."""
         kwargs = self.config.data.get("apply_chat_template_kwargs", None) or {}
         if isinstance(kwargs, DictConfig):
-            kwargs = OmegaConf.to_container(kwargs, resolve=True)
+            kwargs = cast("dict[str, Any]", OmegaConf.to_container(kwargs, resolve=True))
         return normalize_token_ids(apply_chat_template(
             self.tokenizer, messages, tokenize=True, add_generation_prompt=True, **dict(kwargs)))
 
