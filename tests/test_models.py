@@ -82,6 +82,28 @@ def test_load_policy_names_and_local_directory(tmp_path):
         load_policy("tiny-random", dtype=torch.int64)
 
 
+@pytest.mark.parametrize("value", ["", "   "])
+def test_load_policy_empty_name_names_the_choices(value):
+    with pytest.raises(ValueError, match="name_or_path is empty") as excinfo:
+        load_policy(value)
+    message = str(excinfo.value)
+    assert "\n" not in message and "smollm2-135m" in message and "tiny-random" in message
+    assert "local Hugging Face model directory" in message
+
+
+def test_load_policy_path_that_is_not_a_model_directory(tmp_path):
+    with pytest.raises(ValueError, match="neither a known model name nor an existing") as excinfo:
+        load_policy(tmp_path / "missing")
+    assert "tiny-random" in str(excinfo.value)
+    with pytest.raises(ValueError, match=r"without a config\.json") as excinfo:
+        load_policy(tmp_path)
+    assert repr(str(tmp_path)) in str(excinfo.value) and "\n" not in str(excinfo.value)
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    with pytest.raises(ValueError, match="transformers could not load") as excinfo:
+        load_policy(tmp_path)
+    assert "\n" not in str(excinfo.value)
+
+
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GEAR_RL_CACHE", str(tmp_path / "c"))
     assert cache_root() == tmp_path / "c"

@@ -10,8 +10,8 @@ from typing import Any
 
 from gear_rl.tasks.agentic import ENV_NAMES, env_task, tool_math_task
 from gear_rl.tasks.answers import extract_answer, last_boxed, last_number
-from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task
-from gear_rl.tasks.math_check import math_equal
+from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task, check_prompt_lengths
+from gear_rl.tasks.math_check import is_blank_answer, math_equal
 from gear_rl.tasks.reasoning_gym_task import PRESETS, reasoning_gym_task
 from gear_rl.tasks.verl_data import SUFFIXES, load_rows, verl_task
 
@@ -22,8 +22,10 @@ __all__ = [
     "EnvSpec",
     "Problem",
     "Task",
+    "check_prompt_lengths",
     "env_task",
     "extract_answer",
+    "is_blank_answer",
     "last_boxed",
     "last_number",
     "load_rows",

@@ -3,7 +3,10 @@ the ground-truth-conditioned teacher is shown."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -143,3 +146,71 @@ def split_train_eval(
         problems = problems[:train_size]
     return problems, held_out
 
+
+
+def unique_problem_ids(problems: list[Problem], *, split: str, source: str) -> list[Problem]:
+    """``problems`` (one file's rows, in file order) with ids unique within the file.
+
+    A file's own ids repeat when two datasets were merged (both count ``extra_info.index`` from
+    0); evaluation records and the trainer's logs key by problem id, so repeated ids would pair
+    one row's results with another's prompt. When any id repeats, every problem of the file is
+    renamed ``SPLIT/POSITION`` (its 0-based row position) and a warning says so once.
+    """
+    counts = Counter(problem.id for problem in problems)
+    repeated = [problem_id for problem_id, count in counts.items() if count > 1]
+    if not repeated:
+        return problems
+    warnings.warn(f"{source}: {len(repeated)} problem id(s) are shared by several rows (first: "
+                  f"{repeated[0]!r}, {counts[repeated[0]]} rows); every row of this file is "
+                  f"identified by its position instead ({split}/0, {split}/1, ...)",
+                  stacklevel=2)
+    return [dataclasses.replace(problem, id=f"{split}/{position}")
+            for position, problem in enumerate(problems)]
+
+
+def check_prompt_lengths(
+    prompts: Iterable[tuple[str, Sequence[int]]],
+    max_positions: int | None,
+    *,
+    new_tokens: int = 0,
+    source: str,
+) -> None:
+    """Refuse prompts that do not fit the model's context, before any step runs.
+
+    Refused, not truncated: cutting a prompt's start drops the instructions or the question,
+    cutting its end drops the chat template's assistant header, and either way the reward would
+    grade answers to a question the policy never saw. Rotary-position models run past their
+    context with degraded outputs rather than failing, so nothing else catches this.
+
+    Args:
+        prompts: ``(problem id, prompt token ids)`` pairs; give each problem's longest prompt
+            (the teacher's, which carries the reference, is the longer one).
+        max_positions: the model's context, ``model.config.max_position_embeddings``; None: the
+            model declares none, nothing is checked.
+        new_tokens: tokens generated after the prompt (the larger of the rollout and evaluation
+            budgets); prompt and response must fit together.
+        source: the task, named in the error.
+
+    Raises:
+        ValueError: naming the first problem that does not fit, its length and the limit, and
+            how many problems do not fit.
+    """
+    if max_positions is None:
+        return
+    if not isinstance(max_positions, int) or max_positions <= 0:
+        raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
+    if not isinstance(new_tokens, int) or new_tokens < 0:
+        raise ValueError(f"new_tokens must be a non-negative int, got {new_tokens!r}")
+    too_long: list[tuple[str, int]] = []
+    total = 0
+    for problem_id, ids in prompts:
+        total += 1
+        if len(ids) + new_tokens > max_positions:
+            too_long.append((problem_id, len(ids)))
+    if too_long:
+        problem_id, length = too_long[0]
+        raise ValueError(
+            f"{source}: {len(too_long)} of {total} prompts do not fit the model's context; "
+            f"problem {problem_id!r} has {length} prompt tokens + {new_tokens} new tokens > "
+            f"max_position_embeddings {max_positions}: shorten or drop those rows, lower "
+            "max_new_tokens, or use a model with a longer context")

@@ -7,9 +7,25 @@ as ``(x+1)^2`` parses to nothing unless it is wrapped in ``$...$``, so the gold 
 
 from __future__ import annotations
 
-from gear_rl.tasks.answers import last_number, normalize_number
+import re
 
-__all__ = ["math_equal"]
+from gear_rl.tasks.answers import last_boxed, last_number, normalize_number
+
+__all__ = ["is_blank_answer", "math_equal"]
+
+# What an answer can be made of and still say nothing: math delimiters, unescaped braces,
+# LaTeX spacing and text-wrapper commands, whitespace.
+_BLANK_PARTS = re.compile(
+    r"\\(?:[,;:! >]|q?quad|hspace\*?|text[a-z]*|math[a-z]*|mbox|operatorname|boxed|displaystyle)"
+    r"|\\[()\[\]]|(?<!\\)[{}]|[$~\s]"
+)
+
+
+def is_blank_answer(text: str) -> bool:
+    """True when ``text`` holds no answer: empty, whitespace, or only delimiters, spacing and
+    empty wrappers (``$ $``, ``\\boxed{\\,}``, ``\\text{}``). ``math-verify`` reads such text
+    as an empty expression, and the number fallback would read an empty gold as 0."""
+    return not _BLANK_PARTS.sub("", text)
 
 
 def _gold_text(gold: str) -> str:
@@ -23,13 +39,22 @@ def math_equal(gold: str, response: str) -> bool:
     """True when the final answer of ``response`` equals ``gold`` mathematically.
 
     ``math-verify`` decides when it can parse both sides; when it extracts nothing from the
-    response, the response's last number is compared with the gold as numbers.
+    response, the response's last number is compared with the gold as numbers. A blank gold, a
+    blank final ``\\boxed{}`` or a blank extracted answer (:func:`is_blank_answer`) equals
+    nothing.
     """
     from math_verify import parse, verify
 
+    if is_blank_answer(gold):
+        return False
+    boxed = last_boxed(response)
+    if boxed is not None and is_blank_answer(boxed):
+        return False
     try:
         gold_parsed = parse(_gold_text(gold))
         predicted = parse(response)
+        if predicted and all(is_blank_answer(str(item)) for item in predicted):
+            return False
         if gold_parsed and predicted:
             return bool(verify(gold_parsed, predicted))
     except Exception:  # math-verify raises on pathological inputs (deep nesting, timeouts)

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gear_rl.tasks.base import Problem, Task, split_train_eval
+from gear_rl.tasks.base import Problem, Task, split_train_eval, unique_problem_ids
 
 __all__ = [
     "ToolRLScore",
@@ -378,11 +378,14 @@ def toolrl_task(
     if reward_scale not in ("unit", "paper"):
         raise ValueError(f"reward_scale must be 'unit' or 'paper', got {reward_scale!r}")
     rows = load_toolrl_rows(train_path)
-    problems = [toolrl_problem(row, i, "train") for i, row in enumerate(rows)]
+    problems = unique_problem_ids([toolrl_problem(row, i, "train") for i, row in enumerate(rows)],
+                                  split="train", source=str(train_path))
     held_out = None
     if eval_path is not None:
-        held_out = [toolrl_problem(row, i, "eval")
-                    for i, row in enumerate(load_toolrl_rows(eval_path)[:eval_size])]
+        held_out = unique_problem_ids(
+            [toolrl_problem(row, i, "eval")
+             for i, row in enumerate(load_toolrl_rows(eval_path)[:eval_size])],
+            split="eval", source=str(eval_path))
     problems, held_out = split_train_eval(problems, held_out, eval_size=eval_size, seed=seed,
                                           train_size=train_size, source=str(train_path))
 
