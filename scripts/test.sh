@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: sets up .venv (and the verl/TRL integration environments), checks
-# lint, runs the whole suite (slow tests too). Extra arguments go to pytest, e.g.
+# lint and types (mypy), runs the whole suite (slow tests too). Extra arguments go to pytest, e.g.
 # scripts/test.sh -m "not slow"; naming test paths runs just those, in the main environment.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,6 +10,7 @@ source scripts/setup_integrations.sh
 bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check src tests benchmarks
+python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
 python -m pytest "$@"
 # verl's v1 trainer needs hydra's antlr 4.9, which clashes with math-verify's antlr 4.13 in
 # .venv: its tests run in the overlay environment scripts/setup_integrations.sh builds.

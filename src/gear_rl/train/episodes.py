@@ -38,7 +38,7 @@ def task_turns(task: Task) -> int | None:
     return None if spec is None else spec.max_turns
 
 
-def decode_response(tokenizer, response_ids: Sequence[int], finished: bool) -> str:
+def decode_response(tokenizer: Any, response_ids: Sequence[int], finished: bool) -> str:
     """Text of a response without its end-of-turn token (and without special tokens)."""
     ids = list(response_ids[:-1] if finished else response_ids)
     return tokenizer.decode(ids, skip_special_tokens=True)

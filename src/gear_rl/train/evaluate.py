@@ -21,7 +21,7 @@ __all__ = ["decode_response", "evaluate"]
 
 def evaluate(
     model: torch.nn.Module,
-    tokenizer,
+    tokenizer: Any,
     task: Task,
     *,
     problems: Sequence[Problem] | None = None,

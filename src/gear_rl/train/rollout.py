@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache, PreTrainedConfig
@@ -46,13 +46,13 @@ class Rollout:
         return sum(len(r) for r in self.response_ids)
 
 
-def stop_token_ids(tokenizer, model=None) -> list[int]:
+def stop_token_ids(tokenizer: Any, model: Any = None) -> list[int]:
     """End-of-turn token ids: the generation config's ``eos_token_id`` (int or list), the
     tokenizer's ``eos_token_id``, and ``<|im_end|>`` / ``<|eot_id|>`` / ``<|endoftext|>`` where
     the vocabulary has them."""
     ids: set[int] = set()
 
-    def add(value) -> None:
+    def add(value: Any) -> None:
         if value is None:
             return
         if isinstance(value, int):
