@@ -32,6 +32,7 @@ def write_run(path: Path, estimator: str, seed: int, final: float, *, k: int = 4
     records[-1].update({f"eval/mean@{k}": final, f"eval/pass@{k}": min(1.0, final + 0.2)})
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (path / "samples.jsonl").write_text("")
+    (path / "summary.json").write_text(json.dumps({"final": {f"eval/mean@{k}": final}}))
     return path
 
 
@@ -155,21 +156,26 @@ def test_one_seed_has_no_interval_and_no_verdict(tmp_path: Path) -> None:
     assert "no CI (1 seed)" in text and "no method differs from grpo beyond noise" in text
 
 
-def test_unlike_runs_are_flagged(tmp_path: Path) -> None:
+def test_unlike_runs_are_refused_unless_allowed(tmp_path: Path) -> None:
     runs = [write_run(tmp_path / "a", "grpo", 0, 0.5),
             write_run(tmp_path / "b", "gear", 0, 0.5, steps=5, task="other")]
-    comparison = compare_runs(runs, None)
+    with pytest.raises(ValueError, match=r"differs from .* in task .*steps"):
+        compare_runs(runs, None)
+    comparison = compare_runs(runs, None, allow_mismatch=True)
     assert comparison.markdown is None
-    notes = " ".join(comparison.notes)
-    assert "differ in task" in notes and "differ in training steps" in notes
+    assert list(comparison.mismatch) == ["task", "steps"]
+    assert "differ in task, steps" in " ".join(comparison.notes)
 
 
 def test_bad_comparisons_are_refused(tmp_path: Path) -> None:
     a = write_run(tmp_path / "a", "grpo", 0, 0.5)
     with pytest.raises(ValueError, match="both grpo with seed 0"):
         compare_runs([a, write_run(tmp_path / "a2", "grpo", 0, 0.6)])
+    k2 = write_run(tmp_path / "k2", "gear", 0, 0.6, k=2)
+    with pytest.raises(ValueError, match=r"in eval\.k \(4 vs 2\)"):
+        compare_runs([a, k2])
     with pytest.raises(ValueError, match=r"same eval\.k"):
-        compare_runs([a, write_run(tmp_path / "k2", "gear", 0, 0.6, k=2)])
+        compare_runs([a, k2], allow_mismatch=True)
     no_eval = write_run(tmp_path / "ne", "gear", 1, 0.6)
     (no_eval / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.1}\n')
     with pytest.raises(ValueError, match="no held-out eval"):

@@ -158,7 +158,8 @@ function renderTraj(box, traj, signal, scale, side) {
     empty.textContent = "no trajectory of this sign was logged for this group";
     box.append(title, empty); return;
   }
-  const label = traj.advantage > 0 ? "positive"
+  const label = traj.advantage === null ? "advantage-not-a-number"
+              : traj.advantage > 0 ? "positive"
               : traj.advantage < 0 ? "negative" : "zero-advantage";
   title.textContent = `${label} trajectory (row ${traj.row})`;
   const info = document.createElement("div");

@@ -5,6 +5,12 @@ and budget, in process and one after another. Writes ``compare.md`` (a table of 
 held-out Mean@k per method with a t-interval over seeds, and each method against the baseline)
 and ``curves.png`` (the held-out and training-reward curves of every method on one figure).
 
+Only like is compared with like: runs that differ in a setting of :data:`COMPARABLE` (task,
+model, training budget, evaluation) are refused unless ``allow_mismatch`` is given, and then the
+written tables name the settings that differ. A run that did not finish (no ``summary.json``, or
+its last held-out eval before its configured last step) has no final score: it is listed as
+unfinished and left out of the statistics.
+
 Statistics are over seeds only: the trainer logs aggregate eval metrics, not per-problem
 results, so a per-problem bootstrap is not possible from a run directory. The decision rule is
 spelled out in the output (:data:`RULE`).
@@ -16,7 +22,7 @@ import json
 import math
 import statistics
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +35,12 @@ from gear_rl.report.plots import Plot, figure_png
 from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
 
 __all__ = [
+    "COMPARABLE",
     "RULE",
     "Comparison",
     "MethodResult",
     "compare_runs",
+    "mismatched_settings",
     "run_comparison",
     "t_interval",
     "welch_test",
@@ -44,6 +52,15 @@ RULE = ("A method's difference from the baseline counts as real only if Welch's 
         "possible and the difference is reported as not established. Intervals are {conf:g}% "
         "Student-t intervals over seeds (mean ± t * s / sqrt(n)); with 1 seed no interval "
         "exists.")
+
+# The settings two runs must share to be compared: the task and its held-out set, the model,
+# the training budget and the evaluation. The estimator, its credit.* overrides and the seed are
+# what a comparison varies; the rest (threads, device, logging) does not change the scores.
+COMPARABLE = ("task", "task_options", "instruction", "eval_data", "train_size", "model", "steps",
+              "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.max_new_tokens",
+              "eval.size", "eval.k", "eval.temperature", "eval.top_p", "eval.max_new_tokens",
+              "eval.seed")
+UNSET = "(unset)"  # how a setting missing from a run's config.yaml is shown
 
 
 # ------------------------------------------------------------------------------ statistics
@@ -101,19 +118,33 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult | None:
 # ------------------------------------------------------------------------------ runs
 @dataclass
 class RunResult:
-    """One run's contribution: its final held-out Mean@k and its curves."""
+    """One run's contribution: its final held-out Mean@k and its curves.
+
+    Attributes:
+        final, final_step: the last held-out eval and its step (None: the run never evaluated).
+        last_step: the last training step logged.
+        steps: the configured number of steps (None when ``config.yaml`` has none).
+        unfinished_at: for a run that did not finish, the last step it logged (then ``final``
+            is not a score and the run is left out of the statistics); None for a finished run.
+    """
 
     path: Path
     label: str
     seed: int | None
-    final: float
-    final_step: int
+    final: float | None
+    final_step: int | None
     last_step: int
     start: float | None
     eval_curve: tuple[list[int], list[float]]
     reward_curve: tuple[list[int], list[float]]
     task: str
     model: str
+    steps: int | None = None
+    unfinished_at: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.unfinished_at is None
 
 
 @dataclass
@@ -122,7 +153,7 @@ class MethodResult:
 
     Attributes:
         label: the estimator (with its ``credit`` overrides, if any).
-        runs: its runs, by seed.
+        runs: its finished runs, by seed (the statistics are over these).
         mean, low, high: mean final Mean@k over seeds and its t-interval (None with 1 seed).
         versus: comparison with the baseline (None for the baseline itself).
         verdict: the plain-words outcome of that comparison.
@@ -135,11 +166,12 @@ class MethodResult:
     high: float | None
     versus: WelchResult | None = None
     verdict: str = ""
+    unfinished: list[RunResult] = field(default_factory=list)
 
     @property
     def finals(self) -> list[float]:
-        """Final held-out Mean@k of each seed."""
-        return [r.final for r in self.runs]
+        """Final held-out Mean@k of each finished seed."""
+        return [r.final for r in self.runs if r.final is not None]
 
 
 @dataclass
@@ -148,9 +180,12 @@ class Comparison:
 
     Attributes:
         metric: the compared metric key (``eval/mean@K``).
-        methods: one entry per method, baseline first.
+        methods: one entry per method with a finished run, baseline first.
         baseline: the baseline's label (None when there is only one method).
-        notes: warnings (budgets or tasks that differ, runs left out, unfinished runs).
+        notes: warnings (settings that differ, unfinished runs).
+        unfinished: the runs that did not finish (left out of the statistics), in input order.
+        mismatch: each :data:`COMPARABLE` setting the runs differ in (compared anyway with
+            ``allow_mismatch``): run directory -> its value; empty when they agree.
         markdown, curves: the written ``compare.md`` and ``curves.png`` (None if not written).
     """
 
@@ -160,6 +195,8 @@ class Comparison:
     confidence: float
     alpha: float
     notes: list[str] = field(default_factory=list)
+    unfinished: list[RunResult] = field(default_factory=list)
+    mismatch: dict[str, dict[str, Any]] = field(default_factory=dict)
     markdown: Path | None = None
     curves: Path | None = None
 
@@ -194,14 +231,78 @@ def _metric_key(runs: list[RunData]) -> str:
 
 
 def _run_result(run: RunData, metric: str) -> RunResult:
+    """The run's final held-out ``metric``, or, for a run that did not finish (no summary, or
+    its last eval before its configured last step), the step it stopped at."""
     steps, values = run.series(metric)
     rewards = run.series("reward_mean")
     last_step = max(rewards[0], default=0)
-    return RunResult(path=run.path, label=_label(run), seed=run.seed, final=values[-1],
-                     final_step=steps[-1], last_step=last_step,
-                     start=values[0] if steps[0] == 0 else None, eval_curve=(steps, values),
-                     reward_curve=rewards, task=str(run.config.get("task", "?")),
-                     model=str(run.config.get("model", "?")))
+    configured = run.config.get("steps")
+    configured = configured if isinstance(configured, int) else None
+    final_step = steps[-1] if steps else None
+    finished = RunDir(run.path).finished() and final_step is not None and (
+        configured is None or final_step >= configured)
+    logged = [r["step"] for r in run.metrics if isinstance(r.get("step"), int)]
+    return RunResult(path=run.path, label=_label(run), seed=run.seed,
+                     final=values[-1] if steps else None, final_step=final_step,
+                     last_step=last_step, start=values[0] if steps and steps[0] == 0 else None,
+                     eval_curve=(steps, values), reward_curve=rewards,
+                     task=str(run.config.get("task", "?")),
+                     model=str(run.config.get("model", "?")), steps=configured,
+                     unfinished_at=None if finished else max(logged, default=0))
+
+
+def _setting(config: dict[str, Any], key: str) -> Any:
+    """The value of a dotted ``key`` in a run's config (:data:`UNSET` when absent)."""
+    value: Any = config
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return UNSET
+        value = value[part]
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True,
+                                                                   default=str)
+
+
+def mismatched_settings(runs: Sequence[RunData]) -> dict[str, dict[str, Any]]:
+    """Each :data:`COMPARABLE` setting on which ``runs`` disagree: run directory -> value."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in COMPARABLE:
+        values = {str(run.path): _setting(run.config, key) for run in runs}
+        first = next(iter(values.values()))
+        if any(not _same(first, value) for value in values.values()):
+            out[key] = values
+    return out
+
+
+def _names(paths: list[str], most: int = 3) -> str:
+    shown = ", ".join(paths[:most])
+    return shown if len(paths) <= most else f"{shown} and {len(paths) - most} more"
+
+
+def _mismatch_error(mismatch: dict[str, dict[str, Any]]) -> str:
+    """One line: which runs differ from the first one, in which settings."""
+    keys = list(mismatch)
+    runs = list(next(iter(mismatch.values())))
+    groups: list[list[str]] = []  # runs with the same values of the differing settings
+    for run in runs:
+        for group in groups:
+            if all(_same(mismatch[k][group[0]], mismatch[k][run]) for k in keys):
+                group.append(run)
+                break
+        else:
+            groups.append([run])
+    reference, *others = groups
+    parts = []
+    for group in others:
+        differing = [f"{k} ({mismatch[k][reference[0]]!r} vs {mismatch[k][group[0]]!r})"
+                     for k in keys if not _same(mismatch[k][reference[0]], mismatch[k][group[0]])]
+        verb = "differs" if len(group) == 1 else "differ"
+        parts.append(f"{_names(group)} {verb} from {_names(reference)} in {', '.join(differing)}")
+    return (f"compare: the runs are not comparable: {'; '.join(parts)}; pass --allow-mismatch "
+            "(allow_mismatch=True) to compare them anyway")
 
 
 def _mean_curve(curves: list[tuple[list[int], list[float]]]
@@ -266,16 +367,41 @@ def _fmt(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
+def _unfinished(run: RunResult, seed: bool = False) -> str:
+    text = f"unfinished at step {run.unfinished_at}"
+    return f"seed {run.seed} {text}" if seed else text
+
+
+def _by_label(runs: Iterable[RunResult]) -> list[tuple[str, list[RunResult]]]:
+    groups: dict[str, list[RunResult]] = {}
+    for run in runs:
+        groups.setdefault(run.label, []).append(run)
+    return list(groups.items())
+
+
+def _cell(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text.replace("|", "\\|")
+
+
 def _markdown(comparison: Comparison) -> str:
     metric = comparison.metric.removeprefix("eval/")
     conf = comparison.confidence * 100
     lines = [f"# gear-rl compare: held-out {metric}", ""]
-    runs = [r for m in comparison.methods for r in m.runs]
+    finished = [r for m in comparison.methods for r in m.runs]
+    runs = finished + comparison.unfinished
     tasks = sorted({r.task for r in runs})
     models = sorted({r.model for r in runs})
-    budgets = sorted({r.last_step for r in runs})
+    budgets = sorted({r.last_step if r.steps is None else r.steps for r in runs})
+    counted = (f"{len(runs)} runs" if not comparison.unfinished else
+               f"{len(runs)} runs, {len(comparison.unfinished)} of them unfinished (left out of "
+               "the statistics)")
     lines += [f"Task: {', '.join(tasks)}. Model: {', '.join(models)}. Training steps: "
-              f"{', '.join(map(str, budgets))}. {len(runs)} runs.", ""]
+              f"{', '.join(map(str, budgets))}. {counted}.", ""]
+    if comparison.mismatch:
+        lines += [f"**Not like for like:** the runs differ in {', '.join(comparison.mismatch)} "
+                  "(compared anyway, with --allow-mismatch); each run's values are under "
+                  "*Differing settings*.", ""]
     base = comparison.baseline
     lines += [f"| method | seeds | final {metric} (mean over seeds) | {conf:g}% CI over seeds | "
               f"per seed | vs {base or 'baseline'} |",
@@ -284,10 +410,15 @@ def _markdown(comparison: Comparison) -> str:
         seeds = ",".join(str(r.seed) for r in method.runs)
         interval = ("no CI (1 seed)" if method.low is None
                     else f"[{method.low:.3f}, {method.high:.3f}]")
-        per_seed = ", ".join(f"{v:.3f}" for v in method.finals)
+        per_seed = ", ".join([f"{v:.3f}" for v in method.finals]
+                             + [_unfinished(r, seed=True) for r in method.unfinished])
         versus = "baseline" if method.label == base else (method.verdict or "—")
         lines.append(f"| {method.label} | {seeds} | {method.mean:.3f} | {interval} | "
                      f"{per_seed} | {versus} |")
+    labels = {m.label for m in comparison.methods}
+    for label, group in _by_label(r for r in comparison.unfinished if r.label not in labels):
+        per_seed = ", ".join(_unfinished(r, seed=True) for r in group)
+        lines.append(f"| {label} | — | — | — | {per_seed} | no finished run |")
     lines += ["", "**Rule.** " + RULE.format(alpha=comparison.alpha, conf=conf)]
     lines += ["", "Per-problem results are not logged, so the interval covers seed-to-seed "
               "variation only (each seed's eval is itself a finite sample of problems)."]
@@ -307,8 +438,19 @@ def _markdown(comparison: Comparison) -> str:
               "|---|---|---|---|---|---|---|"]
     for method in comparison.methods:
         for r in method.runs:
-            lines.append(f"| {method.label} | {r.seed} | {_fmt(r.start)} | {r.final:.3f} | "
+            lines.append(f"| {method.label} | {r.seed} | {_fmt(r.start)} | {_fmt(r.final)} | "
                          f"{r.final_step} | {r.last_step} | `{r.path}` |")
+    for r in comparison.unfinished:
+        lines.append(f"| {r.label} | {r.seed} | {_fmt(r.start)} | {_unfinished(r)} | "
+                     f"{'—' if r.final_step is None else r.final_step} | {r.last_step} | "
+                     f"`{r.path}` |")
+    if comparison.mismatch:
+        keys = list(comparison.mismatch)
+        lines += ["", "## Differing settings", "", f"| run directory | {' | '.join(keys)} |",
+                  "|---|" + "---|" * len(keys)]
+        for path in next(iter(comparison.mismatch.values())):
+            cells = " | ".join(_cell(comparison.mismatch[k][path]) for k in keys)
+            lines.append(f"| `{path}` | {cells} |")
     if comparison.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in comparison.notes]
     lines += ["", "![curves](curves.png)", ""]
@@ -317,20 +459,29 @@ def _markdown(comparison: Comparison) -> str:
 
 def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, *,
                  baseline: str | None = None, confidence: float = 0.95,
-                 alpha: float = 0.05) -> Comparison:
+                 alpha: float = 0.05, allow_mismatch: bool = False) -> Comparison:
     """Compare finished runs: group them by method (estimator + ``credit`` overrides), take
     each run's final held-out Mean@k, and test every method against the baseline.
 
+    A run that did not finish (no ``summary.json``, or its last held-out eval before its
+    configured ``steps``) has no final score: it is listed as unfinished at the last step it
+    logged and left out of the statistics.
+
     Args:
         run_dirs: ``gear-rl train`` run directories.
-        out: folder for ``compare.md`` and ``curves.png``; None writes nothing.
-        baseline: the method to compare against; default ``grpo`` when present, else the first
-            method.
+        out: folder for ``compare.md``, ``compare.json`` and ``curves.png``; None writes nothing.
+        baseline: the method to compare against; default ``grpo`` when it has a finished run,
+            else the first method that has one.
         confidence: the t-interval's level. alpha: Welch-test significance level.
+        allow_mismatch: compare runs that differ in a :data:`COMPARABLE` setting anyway; the
+            written tables then name the settings that differ.
 
     Raises:
-        ValueError: no runs, a run without held-out eval, runs with different eval.k, the same
-            method and seed twice, an unknown baseline, or a bad ``confidence``/``alpha``.
+        ValueError: no runs, no finished run, a finished run without held-out eval, runs with
+            different eval.k, runs that differ in a :data:`COMPARABLE` setting (without
+            ``allow_mismatch``; one line naming the runs and settings), the same method and seed
+            twice among the finished runs, an unknown baseline or one without a finished run,
+            or a bad ``confidence``/``alpha``.
     """
     if not run_dirs:
         raise ValueError("compare: give at least one run directory")
@@ -338,51 +489,76 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
         raise ValueError(f"confidence and alpha must lie in (0, 1), got {confidence!r}, "
                          f"{alpha!r}")
     runs = [load_run(path) for path in run_dirs]
-    metric = _metric_key(runs)
+    mismatch = mismatched_settings(runs)
+    if mismatch and not allow_mismatch:
+        raise ValueError(_mismatch_error(mismatch))
+    ended = [run for run in runs if RunDir(run.path).finished()]
+    metric = _metric_key(ended) if ended else ""  # no run ended: all are unfinished, below
     results = [_run_result(run, metric) for run in runs]
+    unfinished = [r for r in results if not r.finished]
+    if len(unfinished) == len(results):
+        raise ValueError("compare: no run finished: " + _names(
+            [f"{r.path} {_unfinished(r)}" for r in unfinished]))
     notes: list[str] = []
     seen: dict[tuple[str, int | None], Path] = {}
     by_method: dict[str, list[RunResult]] = {}
     for result in results:
+        if not result.finished:
+            why = ("no summary.json" if not RunDir(result.path).finished() else
+                   f"last held-out eval at step {result.final_step} of {result.steps}")
+            notes.append(f"{result.path}: {_unfinished(result)} ({why}); left out of the "
+                         "statistics")
+            continue
         key = (result.label, result.seed)
         if key in seen:
             raise ValueError(f"compare: {result.path} and {seen[key]} are both {result.label} "
                              f"with seed {result.seed}; give each (method, seed) once")
         seen[key] = result.path
         by_method.setdefault(result.label, []).append(result)
-        if result.final_step < result.last_step:
+        if result.final_step is not None and result.final_step < result.last_step:
             notes.append(f"{result.path}: last held-out eval at step {result.final_step}, "
                          f"training went to step {result.last_step}")
-    for name, values in (("task", {r.task for r in results}), ("model", {r.model for r in results}),
-                         ("training steps", {r.last_step for r in results})):
-        if len(values) > 1:
-            notes.append(f"the runs differ in {name} ({', '.join(map(str, sorted(values)))}): "
-                         "the comparison is not like for like")
+    if mismatch:
+        notes.append(f"the runs differ in {', '.join(mismatch)} (compared anyway, with "
+                     "--allow-mismatch): the comparison is not like for like")
     labels = list(by_method)
+    every = list(dict.fromkeys(r.label for r in results))
     if baseline is None:
         baseline = "grpo" if "grpo" in by_method else labels[0]
+        if "grpo" in every and "grpo" not in by_method:
+            notes.append(f"grpo has no finished run; the baseline is {baseline}")
     elif baseline not in by_method:
-        raise ValueError(f"compare: baseline {baseline!r} is not among the methods {labels}")
+        if baseline in every:
+            raise ValueError(f"compare: baseline {baseline!r} has no finished run (finished "
+                             f"methods: {labels})")
+        raise ValueError(f"compare: baseline {baseline!r} is not among the methods {every}")
+
+    def by_seed(r: RunResult) -> tuple[bool, int]:
+        return (r.seed is None, r.seed or 0)
+
     methods = []
     for label in [baseline, *[m for m in labels if m != baseline]]:
-        group = sorted(by_method[label], key=lambda r: (r.seed is None, r.seed or 0))
-        mean, low, high = t_interval([r.final for r in group], confidence)
-        methods.append(MethodResult(label, group, mean, low, high))
+        group = sorted(by_method[label], key=by_seed)
+        mean, low, high = t_interval([r.final for r in group if r.final is not None],
+                                     confidence)
+        methods.append(MethodResult(label, group, mean, low, high, unfinished=sorted(
+            (r for r in unfinished if r.label == label), key=by_seed)))
     base = methods[0]
     for method in methods[1:]:
         method.versus = welch_test(method.finals, base.finals)
         method.verdict = _verdict(method, base, alpha)
     comparison = Comparison(metric=metric, methods=methods,
                             baseline=baseline if len(methods) > 1 else None,
-                            confidence=confidence, alpha=alpha, notes=notes)
+                            confidence=confidence, alpha=alpha, notes=notes,
+                            unfinished=unfinished, mismatch=mismatch)
     if out is not None:
         folder = Path(out)
         comparison.curves = folder / "curves.png"
         atomic_write_bytes(comparison.curves, figure_png(curves_plot(methods, metric)))
         comparison.markdown = folder / "compare.md"
         atomic_write_text(comparison.markdown, _markdown(comparison))
-        atomic_write_text(folder / "compare.json", json.dumps(_as_json(comparison), indent=2)
-                          + "\n")
+        atomic_write_text(folder / "compare.json", json.dumps(_as_json(comparison), indent=2,
+                                                              default=str) + "\n")
     return comparison
 
 
@@ -390,12 +566,16 @@ def _as_json(comparison: Comparison) -> dict[str, Any]:
     return {"metric": comparison.metric, "baseline": comparison.baseline,
             "confidence": comparison.confidence, "alpha": comparison.alpha,
             "rule": RULE.format(alpha=comparison.alpha, conf=comparison.confidence * 100),
-            "notes": comparison.notes,
+            "notes": comparison.notes, "mismatch": comparison.mismatch,
             "methods": [{"label": m.label, "mean": m.mean, "ci": [m.low, m.high],
                          "seeds": [r.seed for r in m.runs], "finals": m.finals,
                          "runs": [str(r.path) for r in m.runs], "verdict": m.verdict,
-                         "welch": None if m.versus is None else vars(m.versus)}
-                        for m in comparison.methods]}
+                         "welch": None if m.versus is None else vars(m.versus),
+                         "unfinished": [str(r.path) for r in m.unfinished]}
+                        for m in comparison.methods],
+            "unfinished": [{"label": r.label, "seed": r.seed, "run": str(r.path),
+                            "unfinished_at": r.unfinished_at, "last_eval_step": r.final_step}
+                           for r in comparison.unfinished]}
 
 
 def format_comparison(comparison: Comparison) -> str:
@@ -409,12 +589,14 @@ _RESERVED = ("estimator", "seed", "out", "resume")
 def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | Path, *,
                    config_path: str | Path | None = None, overrides: Sequence[str] = (),
                    baseline: str | None = None, confidence: float = 0.95,
-                   alpha: float = 0.05) -> Comparison:
+                   alpha: float = 0.05, allow_mismatch: bool = False) -> Comparison:
     """Train every ``(estimator, seed)`` with the same config and budget, one after another in
     this process, into ``out/<estimator>-s<seed>``, then :func:`compare_runs` them into ``out``.
 
-    A run directory that already holds a finished run (``summary.json``) is reused, so an
-    interrupted comparison continues where it stopped.
+    An interrupted comparison continues where it stopped: a run directory that holds a finished
+    run (``summary.json``) with the same config is reused, and one that holds an interrupted
+    run (a checkpoint, no summary) with the same config is resumed from its latest checkpoint
+    (``resume=RUN_DIR``).
 
     Args:
         estimators: estimator names (``gear_rl.credit`` registry, or ``opsd``).
@@ -424,8 +606,10 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
         overrides: ``key=value`` train overrides shared by all runs (not estimator, seed, out).
 
     Raises:
-        ValueError: empty or duplicate estimators/seeds, a reserved override, or a config the
-            trainer rejects (checked for every run before any training starts).
+        ValueError: empty or duplicate estimators/seeds, a reserved override, a config the
+            trainer rejects, a run directory holding a run with another config, or one holding
+            a run interrupted before its first checkpoint (nothing to resume from); all checked
+            for every run before any training starts.
     """
 
     from gear_rl.train.config import config_to_dict, load_config
@@ -447,18 +631,31 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
             config = load_config(config_path, [*overrides, f"estimator={estimator}",
                                                f"seed={seed}", f"out={run_dir}"])
             configs.append((run_dir, config))
-    from gear_rl.train.trainer import Trainer
+    from gear_rl.train.trainer import Trainer, resume_config
 
+    todo = []  # what to train: new runs, and interrupted ones resumed from their checkpoint
     for run_dir, config in configs:
-        if RunDir(run_dir).finished():
-            saved = RunDir(run_dir).read_config()
-            wanted = config_to_dict(config)
-            wanted["out"] = str(run_dir)
-            if saved != wanted:
-                changed = sorted(k for k in wanted if saved.get(k) != wanted[k])
-                raise ValueError(f"compare: {run_dir} holds a finished run with another config "
-                                 f"(differs in {changed}); choose another --out")
+        run = RunDir(run_dir)
+        if not run.is_run():
+            todo.append(config)
             continue
+        state = "a finished" if run.finished() else "an interrupted"
+        saved = run.read_config()
+        wanted = config_to_dict(config)
+        wanted["out"] = str(run_dir)
+        if saved != wanted:
+            changed = sorted(k for k in wanted.keys() | saved.keys()
+                             if saved.get(k) != wanted.get(k))
+            raise ValueError(f"compare: {run_dir} holds {state} run with another config "
+                             f"(differs in {changed}); choose another --out")
+        if run.finished():
+            continue
+        if run.latest_checkpoint() is None:
+            raise ValueError(f"compare: {run_dir} holds a run interrupted before its first "
+                             "checkpoint (nothing to resume from); remove it to train it again, "
+                             "or choose another --out")
+        todo.append(resume_config(run_dir))
+    for config in todo:
         Trainer(config).train()
     return compare_runs([run_dir for run_dir, _ in configs], folder, baseline=baseline,
-                        confidence=confidence, alpha=alpha)
+                        confidence=confidence, alpha=alpha, allow_mismatch=allow_mismatch)

@@ -28,8 +28,10 @@ __all__ = [
     "RunData",
     "TokenCount",
     "eval_keys",
+    "finite",
     "load_run",
     "normalized_divergence",
+    "policy_mask",
     "top_divergence_tokens",
     "weight_stats_by_step",
 ]
@@ -134,21 +136,37 @@ def eval_keys(metrics: list[dict[str, Any]], prefix: str = "eval/mean@") -> list
     return sorted(keys, key=k_of)
 
 
-def _mask(sample: dict[str, Any]) -> list[int]:
+def finite(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number, else None (a missing value: JSON
+    ``NaN``/``Infinity``, null, a string, a bool)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def policy_mask(sample: dict[str, Any]) -> list[int]:
+    """The sample's policy-token mask (all 1 when not logged; a value that is not a finite
+    number counts as 1, like a mask that was not logged)."""
     mask = sample.get("mask")
-    return [int(m) for m in mask] if mask is not None else [1] * len(sample["tokens"])
+    if mask is None:
+        return [1] * len(sample["tokens"])
+    return [1 if (value := finite(m)) is None else int(value) for m in mask]
 
 
-def normalized_divergence(sample: dict[str, Any], mode: str = "minmax") -> list[float] | None:
+def normalized_divergence(sample: dict[str, Any], mode: str = "minmax"
+                          ) -> list[float | None] | None:
     """GEAR's per-trajectory normalised divergence ``n_t`` of one sample (docs/design.md step 3:
     min-max over policy tokens by default, 0 on observation tokens), computed by the credit
     package's own :func:`gear_rl.credit.segments.normalize_reference`. None when the sample has
-    no divergence."""
+    no divergence. A token whose divergence is missing (null, NaN, infinite) is None and takes
+    no part in the normalisation of the others."""
     divergence = sample.get("divergence")
     if divergence is None:
         return None
-    values = [float(v) if v is not None else 0.0 for v in divergence]
-    return normalize_reference(values, _mask(sample), mode)
+    values = [finite(v) for v in divergence]
+    mask = [m if v is not None else 0 for v, m in zip(values, policy_mask(sample), strict=True)]
+    normalized = normalize_reference([0.0 if v is None else v for v in values], mask, mode)
+    return [None if v is None else n for v, n in zip(values, normalized, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -184,8 +202,8 @@ def top_divergence_tokens(samples: list[dict[str, Any]], threshold: float = 0.1,
         normalized = normalized_divergence(sample, mode)
         if normalized is None:
             continue
-        for token, value, on in zip(sample["tokens"], normalized, _mask(sample), strict=True):
-            if not on:
+        for token, value, on in zip(sample["tokens"], normalized, policy_mask(sample), strict=True):
+            if not on or value is None:
                 continue
             total[token] += 1
             if value > threshold:
@@ -201,18 +219,18 @@ def weight_stats_by_step(samples: list[dict[str, Any]]) -> dict[str, dict[int, t
                                                                                       float]]]:
     """Per sign (``pos``: advantage > 0, ``neg``: < 0) and step, ``(mean, std)`` of the token
     weights ``W_t`` over the policy tokens of that step's logged samples. The trainer logs only
-    the mean weight per sign in ``metrics.jsonl``; the spread comes from here."""
+    the mean weight per sign in ``metrics.jsonl``; the spread comes from here. Weights and
+    advantages that are not finite numbers (``NaN``, null) are left out."""
     pooled: dict[str, defaultdict[int, list[float]]] = {"pos": defaultdict(list),
                                                         "neg": defaultdict(list)}
     for sample in samples:
-        weights, advantage, step = sample.get("weight"), sample.get("advantage"), sample.get(
-            "step")
-        if weights is None or not isinstance(advantage, (int, float)) or advantage == 0 or (
-                not isinstance(step, int)):
+        weights, advantage, step = sample.get("weight"), finite(sample.get("advantage")), \
+            sample.get("step")
+        if weights is None or not advantage or not isinstance(step, int):
             continue
         sign = "pos" if advantage > 0 else "neg"
-        pooled[sign][step] += [float(w) for w, m in zip(weights, _mask(sample), strict=True)
-                               if m and w is not None]
+        pooled[sign][step] += [w for w, m in zip(map(finite, weights), policy_mask(sample),
+                                                 strict=True) if m and w is not None]
     return {sign: {step: (statistics.fmean(v), statistics.pstdev(v))
                    for step, v in sorted(by_step.items()) if v}
             for sign, by_step in pooled.items()}

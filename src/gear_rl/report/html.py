@@ -20,8 +20,10 @@ from gear_rl.report.data import (
     RunData,
     TokenCount,
     eval_keys,
+    finite,
     load_run,
     normalized_divergence,
+    policy_mask,
     top_divergence_tokens,
 )
 from gear_rl.report.plots import figure_png, training_curves
@@ -63,27 +65,39 @@ class Report:
 def _finite_list(values: Any) -> list[float | None] | None:
     if values is None:
         return None
-    return [float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
-            for v in values]
+    return [finite(v) for v in values]
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by None (shown as missing), so
+    the embedded data is strict JSON whatever a log holds."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def _trajectory(sample: dict[str, Any], mode: str) -> dict[str, Any]:
     tokens = [str(t) for t in sample["tokens"]]
-    mask = [int(m) for m in sample["mask"]] if sample.get("mask") is not None else [1] * len(
-        tokens)
+    mask = policy_mask(sample)
     signals: dict[str, Any] = {}
     for key, source, *_ in SIGNALS:
         if key == "normalized":
             signals[key] = normalized_divergence(sample, mode)
         elif key == "segment":
             onsets = sample.get(source)
-            signals[key] = None if onsets is None else [int(v) for v in onsets]
+            signals[key] = None if onsets is None else [
+                -1 if (onset := finite(v)) is None else int(onset) for v in onsets]
         else:
             signals[key] = _finite_list(sample.get(source))
     advantage = sample.get("advantage")
     return {
-        "row": sample.get("row"), "reward": sample.get("reward"),
-        "advantage": float(advantage) if isinstance(advantage, (int, float)) else 0.0,
+        "row": sample.get("row"), "reward": finite(sample.get("reward")),
+        # not logged: 0 (no contrast); logged but not a number (NaN): missing
+        "advantage": 0.0 if advantage is None else finite(advantage),
         "extracted": sample.get("extracted"), "finished": bool(sample.get("finished", True)),
         "tokens": tokens, "mask": mask, "token_ids": sample.get("token_ids"),
         "signals": signals,
@@ -101,8 +115,7 @@ def _pairs(samples: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
     pairs = []
     for key, members in groups.items():
         def adv(s: dict[str, Any]) -> float:
-            value = s.get("advantage")
-            return float(value) if isinstance(value, (int, float)) else 0.0
+            return finite(s.get("advantage")) or 0.0
 
         positive = max(members, key=adv)
         negative = min(members, key=adv)
@@ -205,7 +218,8 @@ def render_html(run: RunData, plots: list[tuple[str, str, bytes]], skipped: list
         for name, title, png in plots)
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in skipped)
     notes_html = f'<ul class="notes" id="skipped">{notes}</ul>' if notes else ""
-    data = json.dumps(viewer_data(run, max_steps), ensure_ascii=True, allow_nan=False)
+    data = json.dumps(_json_safe(viewer_data(run, max_steps)), ensure_ascii=True,
+                      allow_nan=False)
     data = data.replace("</", "<\\/")  # no "</script>" can end the data block early
     rows = top_divergence_tokens(run.samples, threshold, run.normalize_mode)
     logged_steps = len({s.get("step") for s in run.samples})
