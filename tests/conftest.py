@@ -47,14 +47,16 @@ def toy_task():
                 extract=lambda text: text[:8])
 
 
-def tiny_trainer(out, *overrides: str, task=None, model_seed: int = 1):
+def tiny_trainer(out, *overrides: str, task=None, model_seed: int = 1, config=None):
     """A :class:`~gear_rl.train.Trainer` on a tiny random model writing to ``out``:
-    :data:`TINY_RUN` then ``overrides``; ``task``: a Task object (default :func:`toy_task`),
-    or ``"config"`` to build the task the overrides name (``task=sokoban``)."""
+    :data:`TINY_RUN` then ``overrides`` (or a ready ``config``, e.g. a resume config);
+    ``task``: a Task object (default :func:`toy_task`), or ``"config"`` to build the task the
+    overrides name (``task=sokoban``)."""
     from gear_rl.models import build_tiny_tokenizer, tiny_random_model
     from gear_rl.train import Trainer, load_config
 
-    config = load_config(None, [*TINY_RUN, f"out={out}", *overrides])
+    if config is None:
+        config = load_config(None, [*TINY_RUN, f"out={out}", *overrides])
     model = tiny_random_model("llama", seed=model_seed, initializer_range=0.2)
     task_obj = None if task == "config" else (task if task is not None else toy_task())
     return Trainer(config, model=model, tokenizer=build_tiny_tokenizer(), task=task_obj)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -119,7 +120,8 @@ adds per-problem results.
 
 
 def _split_train_args(argv: list[str]) -> tuple[str | None, list[str]]:
-    config_path, overrides = None, []
+    config_path: str | None = None
+    overrides: list[str] = []
     for arg in argv:
         if "=" not in arg and config_path is None and not overrides:
             config_path = arg
@@ -156,9 +158,28 @@ def _train(argv: list[str]) -> int:
         print(f"gear-rl train: {error}", file=sys.stderr)
         return 2
     print(f"[gear-rl] run directory: {trainer.run_dir}", file=sys.stderr)
-    summary = trainer.train()
-    from gear_rl.train.trainer import format_summary
+    from gear_rl.train.trainer import NonFiniteTrainingError
 
+    try:
+        summary = trainer.train()
+    except KeyboardInterrupt:
+        last = trainer.run.latest_checkpoint()
+        where = (f"the last checkpoint is {last.name}" if last is not None
+                 else "no checkpoint was written yet")
+        print(f"\ngear-rl train: interrupted; {where}. Continue with: gear-rl train "
+              f"resume={trainer.run_dir}", file=sys.stderr)
+        return 130
+    except NonFiniteTrainingError as error:
+        print(f"gear-rl train: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            target = error.filename or trainer.run_dir
+            print(f"gear-rl train: no space left on the device (writing {target}); free some "
+                  f"space and continue with: gear-rl train resume={trainer.run_dir}",
+                  file=sys.stderr)
+            return 1
+        raise
     print(format_summary(summary))
     return 0
 
@@ -276,6 +297,9 @@ def _compare(argv: list[str]) -> int:
                         "(default grpo when present, else the first)")
     parser.add_argument("--confidence", type=float, default=0.95, help="interval level")
     parser.add_argument("--alpha", type=float, default=0.05, help="Welch-test level")
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="compare runs whose task, model, budget or eval settings differ "
+                             "(the tables then list the differing settings)")
     args = parser.parse_args(argv)
     from gear_rl.report.compare import compare_runs, format_comparison, run_comparison
 
@@ -291,7 +315,8 @@ def _compare(argv: list[str]) -> int:
             comparison = run_comparison(
                 estimators, args.seeds if args.seeds is not None else [0, 1], args.out,
                 config_path=args.config, overrides=overrides, baseline=args.baseline,
-                confidence=args.confidence, alpha=args.alpha)
+                confidence=args.confidence, alpha=args.alpha,
+                allow_mismatch=args.allow_mismatch)
         else:
             if args.seeds is not None or args.config is not None:
                 raise ValueError("--seeds and --config need --estimators (they say what to "
@@ -299,7 +324,8 @@ def _compare(argv: list[str]) -> int:
             if not args.items or any("=" in item for item in args.items):
                 raise ValueError("give run directories to compare, or --estimators to train")
             comparison = compare_runs(args.items, args.out or "compare", baseline=args.baseline,
-                                      confidence=args.confidence, alpha=args.alpha)
+                                      confidence=args.confidence, alpha=args.alpha,
+                                      allow_mismatch=args.allow_mismatch)
     except ValueError as error:
         print(f"gear-rl compare: {error}", file=sys.stderr)
         return 2

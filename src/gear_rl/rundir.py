@@ -19,10 +19,13 @@ line-oriented logs are appended one complete line at a time.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -49,6 +52,7 @@ SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 LATEST = "latest"
+LOCK = ".lock"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
@@ -75,19 +79,31 @@ def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> Non
     atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, *, drop_partial_last: bool = False) -> list[dict[str, Any]]:
     """The JSON objects of a ``.jsonl`` file, one per non-empty line ([] when the file is
-    missing). A malformed line raises ``ValueError`` naming the file and line."""
+    missing). A malformed line raises ``ValueError`` naming the file and line, except, with
+    ``drop_partial_last``, an unterminated last line (what a write cut short leaves), which is
+    dropped with a warning."""
     path = Path(path)
     if not path.is_file():
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text at byte {error.start}") from error
+    lines = text.splitlines()
     out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
+            partial = number == len(lines) and not text.endswith("\n")
+            if drop_partial_last and partial:
+                warnings.warn(f"{path}:{number}: dropping a half-written last line (an "
+                              "interrupted write)", stacklevel=2)
+                break
             raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got "
@@ -111,6 +127,7 @@ class RunDir:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._lock: TextIO | None = None
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -155,14 +172,62 @@ class RunDir:
         """Whether the run wrote its summary (it completed every configured step)."""
         return self.summary_path.is_file()
 
+    # ---- one writer at a time
+    def lock(self) -> None:
+        """Take the run directory for this process (an exclusive ``flock`` on ``.lock``, held
+        until :meth:`unlock` or the process ends). A second trainer on the same folder gets a
+        ``ValueError`` instead of interleaving its steps into the same logs."""
+        if self._lock is not None:
+            return
+        handle = (self.path / LOCK).open("a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            if error.errno in (errno.EAGAIN, errno.EACCES):
+                raise ValueError(f"out: {self.path} is in use by another trainer ({holder}); "
+                                 "wait for it to finish or choose another out") from None
+            raise
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def check_new(self) -> None:
+        """Refuse a folder that a new run must not write into: a file, a folder holding
+        another run, or a non-empty folder that is not a run (its files would be
+        overwritten)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"out: {self.path} is a file, not a folder")
+        if self.has_checkpoint():
+            raise ValueError(f"out: {self.path} already holds a run; pass resume={self.path} to "
+                             "continue it, or choose another out")
+        if self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
+            what = ("holds a run that stopped before its first checkpoint" if self.is_run()
+                    else "is not empty and holds no gear-rl run")
+            raise ValueError(f"out: {self.path} {what}; its files would be overwritten: remove "
+                             "it or choose another out")
+
     # ---- writing
     def create(self, config: dict[str, Any], info: dict[str, Any]) -> None:
         """Start a new run here: the resolved config, the run facts, empty logs."""
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.config_path, yaml.safe_dump(config, sort_keys=False))
+        self.write_config(config)
         atomic_write_text(self.path / RUN_INFO, json.dumps(info, indent=2) + "\n")
         for name in (METRICS, SAMPLES):
             atomic_write_text(self.path / name, "")
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        atomic_write_text(self.config_path, yaml.safe_dump(config, sort_keys=False))
 
     def append_metrics(self, record: dict[str, Any]) -> None:
         append_jsonl(self.metrics_path, record)
@@ -179,7 +244,8 @@ class RunDir:
         for path in (self.metrics_path, self.samples_path):
             if not path.is_file():
                 continue
-            kept = [json.dumps(r) for r in read_jsonl(path) if r["step"] <= last_step]
+            kept = [json.dumps(r) for r in read_jsonl(path, drop_partial_last=True)
+                    if r["step"] <= last_step]
             atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     # ---- reading
@@ -195,7 +261,7 @@ class RunDir:
         return loaded
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.metrics_path)
+        return read_jsonl(self.metrics_path, drop_partial_last=True)
 
     def read_samples(self) -> list[dict[str, Any]]:
         return read_jsonl(self.samples_path)

@@ -30,6 +30,9 @@ class OutcomeConfig:
         _finite("eps", self.eps)
         if self.eps < 0:
             raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if self.norm_by_std and self.eps == 0:
+            raise ValueError("eps must be > 0 when norm_by_std is set: it keeps the division by "
+                             "a group's std finite")
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def grpo_advantages(
     if norm_by_std:
         sq = torch.zeros_like(count).index_add_(0, index, centred * centred)
         std = torch.sqrt(sq / (count - 1).clamp_min(1))
-        out = centred / (std[index] + eps)
+        # a constant group is exactly 0 here, even at eps = 0 (0 / 0 would be NaN)
+        out = torch.where(centred == 0, centred, centred / (std[index] + eps))
     out = torch.where(count[index] > 1, out, torch.zeros_like(out))
     return out.to(rewards.dtype)
 

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -204,6 +204,8 @@ class OptimConfig:
         prefix = name + "."
         _finite(prefix, self)
         _positive(prefix, self, "lr", "eps")
+        if self.lr > 1e30:  # the optimiser computes in float32 (max 3.4e38) and would overflow
+            raise ValueError(f"{prefix}lr must be <= 1e30, got {self.lr}")
         _at_least(prefix, self, 0, "warmup_steps", "weight_decay", "grad_clip")
         for beta in ("beta1", "beta2"):
             value = getattr(self, beta)
@@ -408,10 +410,15 @@ class TrainConfig:
         _finite("", self)
         _at_least("", self, 1, "steps", "train_size", "threads")
         _one_of("precision", self.precision, PRECISIONS)
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("model must be smollm2-135m (bundled), tiny-random, or a local "
+                             "Hugging Face model directory; got an empty value")
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
             if dataclasses.is_dataclass(section):
-                section.validate(f.name)
+                cast(Any, section).validate(f.name)  # every section has validate(prefix)
         self.credit_config(estimator)
         batch = self.rollout.prompts_per_step * self.rollout.samples_per_prompt
         if self.loss.minibatches > batch:
@@ -477,7 +484,7 @@ def valid_keys(cls: type = TrainConfig, prefix: str = "", depth: int | None = No
         if dataclasses.is_dataclass(hint) and depth == 1:
             keys.append(prefix + f.name + ".<key>")
         elif dataclasses.is_dataclass(hint):
-            keys.extend(valid_keys(hint, prefix + f.name + ".",
+            keys.extend(valid_keys(cast(type, hint), prefix + f.name + ".",
                                    None if depth is None else depth - 1))
         elif f.name in _DICT_FIELDS:
             keys.append(prefix + f.name + ".<key>")
@@ -684,6 +691,9 @@ def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:
     return config_from_dict(parse_overrides(items), config)
 
 
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
                 validate: bool = True) -> TrainConfig:
     """Defaults, then the YAML file at ``path`` (if any), then ``overrides``; validated unless
@@ -693,7 +703,16 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config file {str(path)!r} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as error:
+            where = getattr(error, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where is not None else ""
+            raise ValueError(f"config file {str(path)!r} is not valid YAML{line}: "
+                             f"{getattr(error, 'problem', None) or error}") from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte "
+                             f"{error.start})") from None
         config_from_dict(data, config)
     apply_overrides(config, overrides)
     if validate:

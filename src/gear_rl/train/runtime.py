@@ -166,7 +166,12 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     if checkpoint is not None:
         from gear_rl.train.checkpoint import load_checkpoint
 
-        load_checkpoint(_checkpoint_folder(checkpoint), model)
+        folder = _checkpoint_folder(checkpoint)
+        load_checkpoint(folder, model)
+        broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if broken:
+            raise ValueError(f"checkpoint: {folder} holds NaN or inf weights ({broken[0]} and "
+                             f"{len(broken) - 1} more); it cannot be evaluated")
     if not sampler_bf16:
         sampler = model
     elif training:

@@ -27,15 +27,17 @@ and sandbox, :mod:`gear_rl.train.runtime`.
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel
 
 from gear_rl.credit import get_estimator
 from gear_rl.rundir import RunDir
@@ -46,7 +48,9 @@ from gear_rl.signals import (
     token_signals,
 )
 from gear_rl.signals import prompt_ids as build_prompt_ids
-from gear_rl.tasks import Problem
+from gear_rl.signals.divergence import Estimator as DivergenceEstimator
+from gear_rl.signals.teacher import Placement, ReferenceKind
+from gear_rl.tasks import Problem, Task, check_prompt_lengths
 from gear_rl.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
 from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
 from gear_rl.train.episodes import Rows, collect
@@ -62,8 +66,16 @@ from gear_rl.train.records import (
 )
 from gear_rl.train.runtime import agent_limits, build_runtime
 
-__all__ = ["StepOutput", "Trainer", "evaluate_model", "format_summary", "resume_config",
-           "train"]
+if TYPE_CHECKING:
+    from gear_rl.agent.tools import PythonSandbox
+
+__all__ = ["NonFiniteTrainingError", "StepOutput", "Trainer", "evaluate_model", "format_summary",
+           "resume_config", "train"]
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """A NaN or inf reached the loss, the gradients or the weights: the run stops before that
+    step's checkpoint, so the last checkpoint on disk is still a good one."""
 
 
 def _derived_seed(*parts: int) -> int:
@@ -99,7 +111,8 @@ class Trainer:
         task: an already-built task; None builds ``config.task``.
     """
 
-    def __init__(self, config: TrainConfig, *, model=None, tokenizer=None, task=None) -> None:
+    def __init__(self, config: TrainConfig, *, model: torch.nn.Module | None = None,
+                 tokenizer: Any = None, task: Task | None = None) -> None:
         config.validate()
         self.config = config
         random.seed(config.seed)
@@ -122,8 +135,16 @@ class Trainer:
             self.needs_teacher = self.distill or self.estimator.needs_teacher
             template = ({} if config.signals.answer_template is None
                         else {"answer_template": config.signals.answer_template})
-            self.teacher_config = TeacherPromptConfig(placement=config.signals.placement,
-                                                      **template)
+            # config.validate has checked signals.placement (one of PLACEMENTS)
+            self.teacher_config = TeacherPromptConfig(
+                placement=cast(Placement, config.signals.placement), **template)
+            # the longer of each problem's student and teacher prompts must fit the context
+            check_prompt_lengths(
+                ((p.id, max(self._prompts(p), key=len))
+                 for p in (*self.task.train, *self.task.eval)),
+                getattr(self.model.config, "max_position_embeddings", None),
+                new_tokens=max(config.rollout.max_new_tokens, config.eval.max_new_tokens),
+                source=self.task.name)
             self.optimizer = torch.optim.AdamW(
                 self.model.parameters(), lr=config.optim.lr,
                 betas=(config.optim.beta1, config.optim.beta2), eps=config.optim.eps,
@@ -147,7 +168,7 @@ class Trainer:
         return self.runtime.sampler
 
     @property
-    def sandbox(self):
+    def sandbox(self) -> PythonSandbox | None:
         return self.runtime.sandbox
 
     def _check_task_estimator(self) -> None:
@@ -165,41 +186,65 @@ class Trainer:
                              "(estimator=turn_level)")
 
     def close(self) -> None:
-        """Stop the sandbox workers (if any) and flush TensorBoard."""
+        """Stop the sandbox workers (if any), flush TensorBoard, release the run directory."""
         self.runtime.close()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if getattr(self, "run", None) is not None:
+            self.run.unlock()
 
     def _open_run(self) -> RunDir:
-        """A new run directory, or the resumed one with its latest checkpoint loaded."""
+        """A new run directory, or the resumed one with its latest checkpoint loaded; either
+        way locked for this process until :meth:`close`."""
         config = self.config
         if config.resume:
             run = RunDir(config.resume)
-            checkpoint = run.latest_checkpoint()
-            if checkpoint is None:
-                raise ValueError(f"resume: {run.path} has no checkpoint to resume from")
-            state = load_checkpoint(checkpoint, self.model, self.optimizer)
-            set_rng_state(state["rng"])
-            self.start_step = int(state["step"])
-            self.runtime.sync_sampler()
-            run.truncate_logs(self.start_step)
+            if not run.path.is_dir():
+                raise ValueError(f"resume: {run.path} does not exist")
+            run.lock()
+            try:
+                checkpoint = run.latest_checkpoint()
+                if checkpoint is None:
+                    raise ValueError(f"resume: {run.path} has no checkpoint to resume from")
+                state = load_checkpoint(checkpoint, self.model, self.optimizer)
+                set_rng_state(state["rng"])
+                self.start_step = int(state["step"])
+                self.runtime.sync_sampler()
+                run.truncate_logs(self.start_step)
+                saved = run.read_config()
+                if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
+                    run.write_config({**saved, "steps": config.steps})
+            except BaseException:
+                run.unlock()
+                raise
             return run
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run = RunDir(config.out or Path("runs") / f"{stamp}-{config.estimator}-s{config.seed}")
-        if run.has_checkpoint():
-            raise ValueError(f"out: {run.path} already holds a run; pass resume={run.path} to "
-                             "continue it, or choose another out")
-        resolved = config_to_dict(config)
-        resolved["out"] = str(run.path)
-        run.create(resolved, {
-            "task": self.task.name, "train_problems": len(self.task.train),
-            "eval_problems": len(self.task.eval), "device": str(self.runtime.device),
-            "autocast_bf16": self.runtime.autocast,
-            "sampler_dtype": str(next(self.sampler.parameters()).dtype),
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "torch": torch.__version__, "argv": sys.argv,
-        })
+        if run.path.exists() and not run.path.is_dir():
+            raise ValueError(f"out: {run.path} is a file, not a folder")
+        try:
+            run.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"out: cannot create {run.path}: {error.strerror}") from error
+        if not os.access(run.path, os.W_OK):
+            raise ValueError(f"out: {run.path} is not writable")
+        run.lock()
+        try:
+            run.check_new()
+            resolved = config_to_dict(config)
+            resolved["out"] = str(run.path)
+            run.create(resolved, {
+                "task": self.task.name, "train_problems": len(self.task.train),
+                "eval_problems": len(self.task.eval), "device": str(self.runtime.device),
+                "autocast_bf16": self.runtime.autocast,
+                "sampler_dtype": str(next(self.sampler.parameters()).dtype),
+                "parameters": sum(p.numel() for p in self.model.parameters()),
+                "torch": torch.__version__, "argv": sys.argv,
+            })
+        except BaseException:
+            run.unlock()
+            raise
         return run
 
     # ------------------------------------------------------------------ helpers
@@ -207,8 +252,10 @@ class Trainer:
         """The student and teacher prompt ids of ``problem``, built from the problem itself (a
         cache keyed by problem id could pair a row with another row's prompt when ids repeat)."""
         student = build_prompt_ids(self.tokenizer, problem.prompt)
+        # teacher_prompt_ids checks reference_kind (one of REFERENCE_KINDS)
         teacher = teacher_prompt_ids(self.tokenizer, problem.prompt, problem.reference,
-                                     kind=problem.reference_kind, config=self.teacher_config)
+                                     kind=cast(ReferenceKind, problem.reference_kind),
+                                     config=self.teacher_config)
         return student, teacher
 
     def _problems_for_step(self, step: int) -> list[Problem]:
@@ -273,24 +320,28 @@ class Trainer:
             rows = list(range(start, min(start + size, len(batch.response_ids))))
             prompts = [batch.prompt_ids[i] for i in rows]
             responses = [batch.response_ids[i] for i in rows]
-            common = {"temperature": config.rollout.temperature,
-                      "chunk_size": config.signals.chunk_size,
-                      "response_mask": self._masks(batch, rows)}
+            common: dict[str, Any] = {"temperature": config.rollout.temperature,
+                                      "chunk_size": config.signals.chunk_size,
+                                      "response_mask": self._masks(batch, rows)}
+            # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
+            model = cast(PreTrainedModel, self.model)
+            divergence = cast(DivergenceEstimator, config.signals.divergence)
             with self.runtime.autocast_context():
                 if self.needs_teacher:
-                    sig = token_signals(self.model, prompts, [batch.teacher_ids[i] for i in rows],
-                                        responses, estimator=config.signals.divergence,
+                    sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
+                                        responses, estimator=divergence,
                                         topk=config.signals.topk, **common)
                     fields = {"old_logprobs": sig.student_logprobs, "entropy": sig.entropy,
                               "divergence": sig.divergence,
                               "teacher_logprobs": sig.teacher_logprobs, "mask": sig.mask}
                 else:
-                    own = response_logprobs(self.model, prompts, responses, **common)
+                    own = response_logprobs(model, prompts, responses, **common)
                     fields = {"old_logprobs": own.logprobs, "entropy": own.entropy,
                               "mask": own.mask}
                 if self.reference is not None:
-                    fields["ref_logprobs"] = response_logprobs(self.reference, prompts,
-                                                               responses, **common).logprobs
+                    fields["ref_logprobs"] = response_logprobs(
+                        cast(PreTrainedModel, self.reference), prompts, responses,
+                        **common).logprobs
             for name, value in fields.items():
                 parts.setdefault(name, []).append(_pad(value.float(), length))
         return Scores(**{name: torch.cat(values) for name, values in parts.items()})
@@ -314,14 +365,15 @@ class Trainer:
         shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
         for _ in range(config.epochs):
             order = torch.randperm(rows, generator=shuffle).tolist()
-            for minibatch in np.array_split(np.array(order), config.minibatches):
-                minibatch = sorted(minibatch.tolist())
+            for split in np.array_split(np.array(order), config.minibatches):
+                minibatch: list[int] = sorted(split.tolist())
                 num_tokens = float(scores.mask[minibatch].sum())
                 self.optimizer.zero_grad(set_to_none=True)
                 for start in range(0, len(minibatch), config.micro_batch_size):
                     micro = minibatch[start:start + config.micro_batch_size]
                     parts, stats = self._micro_loss(batch, scores, advantages, micro,
                                                     len(minibatch), num_tokens)
+                    self._check_finite(step, "the loss", parts["loss"])
                     parts["loss"].backward()
                     for name, value in parts.items():
                         totals[name] += float(value.detach())
@@ -333,8 +385,10 @@ class Trainer:
                 clip = self.config.optim.grad_clip
                 params = [p for p in self.model.parameters() if p.grad is not None]
                 norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+                self._check_finite(step, "the gradient norm", norm)
                 totals["grad_norm"] += float(norm)
                 self.optimizer.step()
+                self._check_weights(step)
                 updates += 1
         self.runtime.sync_sampler()
         tokens = max(totals.pop("tokens"), 1.0)
@@ -346,6 +400,22 @@ class Trainer:
         out["lr"] = self._lr(step)
         return out
 
+    def _check_finite(self, step: int, what: str, value: torch.Tensor) -> None:
+        """Stop the run (no checkpoint of this step) when ``value`` is NaN or inf."""
+        if bool(torch.isfinite(value).all()):
+            return
+        last = self.run.latest_checkpoint()
+        raise NonFiniteTrainingError(
+            f"step {step}: {what} is not finite; the run "
+            "stopped before writing this step's checkpoint. Likely causes: optim.lr too high, "
+            "loss.kl_coef or loss.opsd_coef too large, or a credit config that divides by zero. "
+            + (f"The last good checkpoint is {last}." if last is not None
+               else "No checkpoint was written yet."))
+
+    def _check_weights(self, step: int) -> None:
+        for name, parameter in self.model.named_parameters():
+            self._check_finite(step, f"the weights ({name})", parameter.detach())
+
     def _micro_loss(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor,
                     rows: list[int], num_seqs: int, num_tokens: float):
         """Loss of the micro-batch ``rows`` scaled so micro-batches sum to the mini-batch loss.
@@ -355,22 +425,26 @@ class Trainer:
         config, signals = self.config, self.config.signals
         prompts = [batch.prompt_ids[i] for i in rows]
         responses = [batch.response_ids[i] for i in rows]
-        common = {"temperature": config.rollout.temperature, "chunk_size": signals.chunk_size,
-                  "response_mask": self._masks(batch, rows)}
+        common: dict[str, Any] = {"temperature": config.rollout.temperature,
+                                  "chunk_size": signals.chunk_size,
+                                  "response_mask": self._masks(batch, rows)}
+        # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
+        model = cast(PreTrainedModel, self.model)
         with self.runtime.autocast_context():
             if self.distill:
-                sig = token_signals(self.model, prompts, [batch.teacher_ids[i] for i in rows],
-                                    responses, estimator=signals.divergence, topk=signals.topk,
-                                    student_requires_grad=True, **common)
+                sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
+                                    responses,
+                                    estimator=cast(DivergenceEstimator, signals.divergence),
+                                    topk=signals.topk, student_requires_grad=True, **common)
                 logprobs, divergence = sig.student_logprobs, sig.divergence
             else:
-                logprobs = response_logprobs(self.model, prompts, responses, requires_grad=True,
+                logprobs = response_logprobs(model, prompts, responses, requires_grad=True,
                                              **common).logprobs
                 divergence = None
         length = logprobs.shape[1]
         logprobs = logprobs.float()
         mask = scores.mask[rows, :length]
-        agg = {"agg_mode": config.loss.agg_mode, "num_seqs": num_seqs,
+        agg: dict[str, Any] = {"agg_mode": config.loss.agg_mode, "num_seqs": num_seqs,
                "num_tokens": num_tokens, "horizon": config.rollout.max_new_tokens}
         zero = logprobs.sum() * 0.0
         parts = {"pg_loss": zero, "kl_loss": zero, "opsd_loss": zero}
@@ -380,7 +454,9 @@ class Trainer:
                 logprobs, scores.old_logprobs[rows, :length], advantages[rows, :length], mask,
                 clip_low=config.loss.clip_low, clip_high=config.loss.clip_high, **agg)
         if self.reference is not None:
-            kl = kl_penalty(logprobs, scores.ref_logprobs[rows, :length], config.loss.kl_type)
+            # score() fills ref_logprobs whenever there is a reference model
+            ref_logprobs = cast(torch.Tensor, scores.ref_logprobs)
+            kl = kl_penalty(logprobs, ref_logprobs[rows, :length], config.loss.kl_type)
             parts["kl_loss"] = aggregate(kl, mask, agg["agg_mode"], num_seqs=num_seqs,
                                          num_tokens=num_tokens, horizon=agg["horizon"])
         if divergence is not None:
@@ -541,9 +617,12 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     if not run.is_run():
         raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
     config = config_from_dict(run.read_config())
-    allowed = ("steps", "threads", "device", "log.", "eval.every", "resume", "out")
-    for key in overrides or {}:
-        if not key.startswith(allowed):
+    allowed = ("steps", "threads", "device", "log.", "eval.every", "resume")
+    for key, value in (overrides or {}).items():
+        if key == "out" and Path(str(value)).resolve() != run.path.resolve():
+            raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
+                             f"out={value}")
+        if key != "out" and not key.startswith(allowed):
             raise ValueError(f"resume: {key!r} cannot change when resuming; only steps, threads, "
                              "device, log.* and eval.every can")
     config_from_dict(dict(overrides or {}), config)
