@@ -126,6 +126,105 @@ def test_gigpo_step_rewards_without_outcome() -> None:
     close(per_step, [[0.5 + 2 * 0.25, 0.5 + 2 * 0.5], [-0.5 - 2 * 0.25, -0.5 - 2 * 0.5]])
 
 
+def test_gigpo_per_step_episode_stats_hand_example() -> None:
+    # p0 succeeds in 3 steps, p1 fails in 1; every state is new, so A = A^E.
+    mask, spans = layout([3, 1])
+    keys = [["a", "b", "c"], ["d"]]
+    outcomes = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    # trajectory statistics: scores {1, 0}, mean 1/2, std 1/sqrt(2)
+    # per-step statistics: rows {1, 1, 1, 0}, mean 3/4, std 1/2
+    expected = {
+        ("trajectory", True): [0.5 * math.sqrt(2), -0.5 * math.sqrt(2)],
+        ("per_step", True): [0.25 / 0.5, -0.75 / 0.5],
+        ("trajectory", False): [0.5, -0.5],
+        ("per_step", False): [0.25, -0.75],
+    }
+    for (stats, norm_by_std), (a0, a1) in expected.items():
+        config = GiGPOConfig(episode_stats=stats, norm_by_std=norm_by_std,
+                             step_norm="mean_std_norm" if norm_by_std else "mean_norm")
+        close(per_step_advantages("gigpo", outcomes, [0, 0], mask, spans, state_keys=keys,
+                                  config=config), [[a0] * 3, [a1]], tol=1e-5)
+
+
+def _verl_agent_gigpo(scores: list[float], groups: list[int], keys: list[list[str]],
+                      step_rewards: list[list[float]], gamma: float, remove_std: bool,
+                      cross_steps: bool, eps: float = 1e-6) -> list[list[float]]:
+    """This test's reading of verl-agent's ``gigpo/core_gigpo.py`` (one batch row per step):
+    ``episode_norm_reward`` (a group's list holds each row's trajectory score, or each
+    trajectory's once when ``cross_steps`` is off; a list of one: mean 0, std 1), discounted
+    returns per trajectory, ``step_norm_reward`` over rows with equal (group, state), and
+    their sum (``step_advantage_w`` 1)."""
+    rows = [(b, k) for b, row in enumerate(keys) for k in range(len(row))]
+    returns = []
+    for row in step_rewards:
+        g, out = 0.0, []
+        for r in reversed(row):
+            g = r + gamma * g
+            out.append(g)
+        returns.append(out[::-1])
+
+    def normalise(value: float, members: list[float], singleton_mean: float | None) -> float:
+        if len(members) == 1:
+            mean, std = (members[0] if singleton_mean is None else singleton_mean), 1.0
+        else:
+            mean, std = statistics.fmean(members), statistics.stdev(members)
+        return value - mean if remove_std else (value - mean) / (std + eps)
+
+    episode_lists: dict[int, list[float]] = {}
+    seen = set()
+    for b, _ in rows:
+        if not cross_steps and b in seen:
+            continue
+        seen.add(b)
+        episode_lists.setdefault(groups[b], []).append(scores[b])
+    step_lists: dict[tuple[int, str], list[float]] = {}
+    for b, k in rows:
+        step_lists.setdefault((groups[b], keys[b][k]), []).append(returns[b][k])
+    return [[normalise(scores[b], episode_lists[groups[b]], 0.0)
+             + normalise(returns[b][k], step_lists[(groups[b], keys[b][k])], None)
+             for k in range(len(keys[b]))] for b in range(len(keys))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("episode_stats", ["trajectory", "per_step"])
+@pytest.mark.parametrize("mode", ["mean_std_norm", "mean_norm"])
+def test_gigpo_matches_a_reading_of_verl_agent_on_random_inputs(seed: int, episode_stats: str,
+                                                                mode: str) -> None:
+    rng = random.Random(seed)
+    rows = 12
+    groups = [b // 4 for b in range(rows)]
+    steps_per_row = [rng.randint(1, 6) for _ in range(rows)]
+    keys = [[rng.choice("ABC") for _ in range(n)] for n in steps_per_row]
+    step_rewards = [[rng.choice([0.0, -0.1, 1.0]) + rng.random() for _ in range(n)]
+                    for n in steps_per_row]
+    scores = [float(rng.random() < 0.5) for _ in range(rows)]
+    mask, spans = layout(steps_per_row)
+    config = GiGPOConfig(gamma=0.9, episode_stats=episode_stats, outcome_in_returns=False,
+                         norm_by_std=mode == "mean_std_norm", step_norm=mode)
+    ours = per_step_advantages("gigpo", torch.tensor(scores, dtype=torch.float64), groups, mask,
+                               spans, step_rewards, keys, config)
+    theirs = _verl_agent_gigpo(scores, groups, keys, step_rewards, 0.9,
+                               remove_std=mode == "mean_norm",
+                               cross_steps=episode_stats == "per_step")
+    close(ours, theirs, tol=1e-12)
+
+
+def test_gigpo_prompt_group_of_one_gets_no_episode_advantage() -> None:
+    # verl-agent gives a lone trajectory of one step its raw score (mean 0, std 1); here 0
+    mask, spans = layout([1, 2])
+    outcomes = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    for stats in ("trajectory", "per_step"):
+        config = GiGPOConfig(episode_stats=stats)
+        out = per_step_advantages("gigpo", outcomes, [0, 1], mask, spans,
+                                  state_keys=[["s"], ["s", "t"]], config=config)
+        assert out == [[0.0], [0.0, 0.0]]
+    close(_verl_agent_gigpo([1.0, 1.0], [0, 1], [["s"], ["s", "t"]], [[0.0], [0.0, 0.0]],
+                            0.95, remove_std=False, cross_steps=True), [[1.0], [0.0, 0.0]],
+          tol=1e-5)
+    with pytest.raises(ValueError, match="episode_stats"):
+        GiGPOConfig(episode_stats="per_token")
+
+
 def test_gagpo_hand_example() -> None:
     mask, spans = layout([len(k) for k in KEYS])
     # Value proxy (gamma 0.5): V(p,A) = mean(0.5, 0, 0) = 1/6, V(p,B) = mean(1, 0) = 1/2,

@@ -85,11 +85,31 @@ def test_sokoban_rules_by_hand() -> None:
     assert (same, moved, solved) == (start, False, False) and reward == config.step_penalty
     state, reward, solved, moved = level.transition(start, "right")    # push onto the target
     assert moved and solved and state == ((1, 2), ((1, 3),))
-    assert reward == pytest.approx(config.step_penalty + config.box_reward + config.solve_reward)
+    # the level's reward leaves the solve reward out; the environment adds it
+    assert reward == pytest.approx(config.step_penalty + config.box_reward)
+    assert level.solve_reward == config.solve_reward
     assert level.render(state).splitlines()[1] == "# _ P * #"
     blocked = level.transition(state, "right")                          # box against the wall
     assert blocked[3] is False
     assert bfs_plan(level) == ["right"]
+
+
+@pytest.mark.parametrize("env", [SokobanEnv(SokobanConfig(num_boxes=2)),
+                                 KeyDoorEnv(KeyDoorConfig(step_penalty=-0.1, key_reward=0.3))],
+                         ids=["sokoban", "keydoor"])
+def test_the_solve_reward_is_reported_apart_from_the_shaping_reward(env: TextEnv) -> None:
+    for seed in range(10):
+        env.reset(seed)
+        results = play(env, env.plan())
+        for result in results[:-1]:
+            assert result.info["shaping_reward"] == result.reward
+        last = results[-1]
+        assert last.info["success"]
+        # bit-for-bit: the environment adds the solve reward to the shaping reward
+        assert last.reward == last.info["shaping_reward"] + env.config.solve_reward
+    env.reset(0)
+    malformed = env.step("no move")
+    assert malformed.info["shaping_reward"] == malformed.reward == env.config.invalid_action_penalty
 
 
 def test_malformed_action_is_a_penalised_no_op_and_the_step_limit_truncates() -> None:
@@ -241,6 +261,7 @@ def test_textarena_success_is_a_solved_level_not_a_partial_reward() -> None:
     env.reset(3)  # seed 3: a hole right below the start
     fell = env.step("down")
     assert fell.done and 0 < fell.reward < 1 and not fell.info["success"]
+    assert fell.info["shaping_reward"] == fell.reward  # a lost game's fraction is shaping
     env.reset(0)
     wall = env.step("up")  # off the grid: TextArena's invalid move, warned once
     assert not wall.done and not wall.info["valid_action"]
@@ -250,6 +271,7 @@ def test_textarena_success_is_a_solved_level_not_a_partial_reward() -> None:
     for move in plan:
         result = env.step(f"<action>{move}</action>")
     assert result.done and result.reward == 1.0 and result.info["success"]
+    assert result.info["shaping_reward"] == 0.0  # a win is all solve reward
 
 
 def test_textarena_games_keep_the_callers_random_state() -> None:

@@ -11,6 +11,12 @@ episodes generate together each turn; finished ones drop out.
 Per episode the loop records, per step: the token span of the policy's turn, the state key
 *before* the action (the state the action was taken in: what GiGPO groups on), the
 environment's reward, and whether the level was solved.
+
+The solve is paid once. The environment's reward includes its reward for solving the level;
+the trainer pays a solve through the outcome reward (1.0 for a solved level), which the
+step-level estimators add to the last step's return (``StepConfig.outcome_in_returns``). So the
+step rewards for credit are :attr:`EnvEpisode.shaping_rewards`, the environment's rewards
+without the solve reward, not :attr:`EnvEpisode.step_rewards`.
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ class EnvEpisode:
         observation_spans: ``[start, end)`` of each observation.
         step_spans: ``[start, end)`` of each step's policy tokens.
         state_keys: per step, the state the action was taken in.
-        step_rewards: per step, the environment's reward.
+        step_rewards: per step, the environment's reward (its solve reward included).
+        shaping_rewards: per step, the environment's reward without its solve reward
+            (``StepResult.info["shaping_reward"]``): the step rewards for step-level credit,
+            whose outcome reward carries the solve.
         actions: per step, the parsed action (None: none parsed).
         texts: per step, the policy's turn text.
         success: the level was solved.
@@ -55,6 +64,7 @@ class EnvEpisode:
     step_spans: list[tuple[int, int]] = field(default_factory=list)
     state_keys: list[Hashable] = field(default_factory=list)
     step_rewards: list[float] = field(default_factory=list)
+    shaping_rewards: list[float] = field(default_factory=list)
     actions: list[str | None] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     success: bool = False
@@ -154,6 +164,8 @@ def run_env_episodes(
             episode.step_spans.append(append_tokens(episode, ids, turn, policy=True))
             episode.state_keys.append(state)
             episode.step_rewards.append(float(result.reward))
+            episode.shaping_rewards.append(float(result.info.get("shaping_reward",
+                                                                 result.reward)))
             episode.actions.append(result.info.get("action"))
             episode.texts.append(text)
             if result.done:

@@ -59,10 +59,13 @@ class StepResult:
 
     Attributes:
         observation: the text the policy sees next.
-        reward: the reward for this step.
+        reward: the reward for this step, the reward for solving the level included.
         done: the episode has ended (solved, or the step limit reached).
         info: ``action`` (parsed, or ``None``), ``valid_action`` (parsed and legal),
-            ``success`` (solved), ``truncated`` (the step limit ended it), and env extras.
+            ``success`` (solved), ``truncated`` (the step limit ended it),
+            ``shaping_reward`` (the part of ``reward`` that does not pay for solving: equal to
+            ``reward`` on every step but a solving one; an environment that leaves it out
+            declares that none of its rewards pays for solving), and env extras.
     """
 
     observation: str
@@ -99,6 +102,8 @@ class GridModel(ABC, Generic[S]):
     """Pure dynamics of a built-in level: what :func:`bfs_plan` searches."""
 
     actions: tuple[str, ...] = tuple(DIRECTIONS)
+    #: paid on top of ``transition``'s reward for a move that solves the level
+    solve_reward: float = 0.0
 
     @abstractmethod
     def initial_state(self) -> S:
@@ -106,7 +111,8 @@ class GridModel(ABC, Generic[S]):
 
     @abstractmethod
     def transition(self, state: S, action: str) -> tuple[S, float, bool, bool]:
-        """``(next_state, reward, solved, moved)``; an illegal move returns ``moved=False``."""
+        """``(next_state, reward, solved, moved)``; an illegal move returns ``moved=False``.
+        ``reward`` leaves out :attr:`solve_reward`, which the environment adds."""
 
     @abstractmethod
     def render(self, state: S) -> str:

@@ -104,7 +104,9 @@ class GridTextEnv(TextEnv):
         elif truncated:
             feedback += " Out of steps."
         info = {"action": action, "valid_action": action is not None and moved,
-                "success": solved, "truncated": truncated}
+                "success": solved, "truncated": truncated, "shaping_reward": float(reward)}
+        if solved:
+            reward += self.model.solve_reward
         return StepResult(f"{feedback}\n{self._board()}", float(reward), self.done, info)
 
     @property

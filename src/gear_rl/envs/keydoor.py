@@ -29,7 +29,8 @@ class KeyDoorConfig(GridEnvConfig):
         height, width: room size including the border walls (height 4..9, width 5..9).
         step_penalty: reward added every turn.
         key_reward: for picking up the key.
-        solve_reward: for reaching the goal (the episode ends).
+        solve_reward: for reaching the goal (the episode ends; as in Sokoban, step-level
+            credit in the trainer takes the reward without it).
     """
 
     height: int = 5
@@ -58,6 +59,7 @@ class KeyDoorLevel(GridModel[KeyDoorState]):
         self.start: KeyDoorState = (player, False, False)
         self.height, self.width = height, width
         self.config = config
+        self.solve_reward = config.solve_reward
 
     def initial_state(self) -> KeyDoorState:
         return self.start
@@ -76,8 +78,6 @@ class KeyDoorLevel(GridModel[KeyDoorState]):
             has_key = True
             reward += self.config.key_reward
         solved = nxt == self.goal
-        if solved:
-            reward += self.config.solve_reward
         return (nxt, has_key, door_open), reward, solved, True
 
     def render(self, state: KeyDoorState) -> str:

@@ -38,7 +38,9 @@ class SokobanConfig(GridEnvConfig):
         min_solution_length, max_solution_length: accepted shortest-solution lengths.
         step_penalty: reward added every turn (also for a blocked or malformed move).
         box_reward: for each box pushed onto a target (minus for each pushed off).
-        solve_reward: when all boxes are on targets.
+        solve_reward: when all boxes are on targets (part of the environment's reward; the
+            trainer pays a solve through its outcome reward instead, so step-level credit
+            takes the rest, ``StepResult.info["shaping_reward"]``).
         max_attempts: level draws per seed before giving up (``RuntimeError``).
     """
 
@@ -80,6 +82,7 @@ class SokobanLevel(GridModel[SokobanState]):
         self.start: SokobanState = (player, tuple(sorted(boxes)))
         self.height, self.width = height, width
         self.config = config
+        self.solve_reward = config.solve_reward
 
     def initial_state(self) -> SokobanState:
         return self.start
@@ -101,8 +104,6 @@ class SokobanLevel(GridModel[SokobanState]):
                                                 - (nxt in self.targets))
             boxes = moved
         solved = all(b in self.targets for b in boxes)
-        if solved:
-            reward += self.config.solve_reward
         return (nxt, boxes), reward, solved, True
 
     def render(self, state: SokobanState) -> str:

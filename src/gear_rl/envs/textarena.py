@@ -24,7 +24,8 @@ The policy's text is parsed with :func:`gear_rl.envs.base.parse_action` and sent
 invalid move: TextArena warns once and ends the game on a second one in a row. The step reward
 is 0 until the game ends, then the game's final reward for player 0: 1.0 for a solved level,
 otherwise the fraction of the way it got (boxes on targets, distance to the goal). Success is a
-solved level. The state key is the last board the game showed. :meth:`TextArenaEnv.plan` finds a
+solved level; its reward is all solve reward (``shaping_reward`` 0), a lost game's fraction is all
+shaping. The state key is the last board the game showed. :meth:`TextArenaEnv.plan` finds a
 shortest solution by the breadth-first planner over the game's own state (walls, boxes, holes).
 
 TextArena reseeds Python's global ``random`` on every reset; the adapter gives each game its own
@@ -210,7 +211,7 @@ class TextArenaEnv(TextEnv):
         truncated = not finished and self.steps >= self.config.max_steps
         self.done = bool(finished) or truncated
         info = {"action": action, "valid_action": legal, "success": success,
-                "truncated": truncated}
+                "truncated": truncated, "shaping_reward": 0.0 if success else reward}
         return StepResult(observation, reward, self.done, info)
 
     @property

@@ -12,7 +12,11 @@ Sec. 3. Critic-free TD/GAE credit over a non-parametric value proxy:
 4. **GAE**: ``A_k = sum_{j >= k} (gamma * lam)^(j-k) delta_{j}``.
 5. **Group normalisation** of ``A`` over every step of the prompt group.
 
-(The paper's action-level importance ratio belongs to the policy loss, not to this estimator.)
+Not implemented: the paper's **action-level importance ratio**. The paper trains with a
+group-normalised PPO update whose importance ratio is taken per action (a step's whole turn), not
+per token. This project's policy loss (``gear_rl.train``) keeps its per-token ratio for every
+estimator, so ``gagpo`` here is GAGPO's advantage estimator under a token-level PPO/GRPO update,
+not the paper's full objective.
 
 Choices the paper leaves open (knobs of :class:`GAGPOConfig`, or stated here):
 
