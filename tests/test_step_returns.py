@@ -147,3 +147,35 @@ def test_gigpo_counts_the_solve_reward_once(group, by_std: bool) -> None:
     twice = per_step_advantages("gigpo", outcomes, [0, 0], mask, spans,
                                 [e.step_rewards for e in episodes], keys, config)
     assert not math.isclose(twice[0][1], ours[0][1], abs_tol=1e-3)
+
+
+def test_the_trainer_rollout_hands_over_rewards_without_the_solve_bonus() -> None:
+    """Through the trainer's own rollout entry (``episodes._collect_env``): a solved level's
+    step rewards carry no solve reward (the outcome carries it), so the step estimators count
+    it once."""
+    from gear_rl.agent.loop import AgentLimits
+    from gear_rl.tasks import load_task
+    from gear_rl.train.episodes import _collect_env
+
+    task = load_task("sokoban", train_size=4, eval_size=1, seed=0)
+    tokenizer = build_tiny_tokenizer()
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    problem = task.train[0]
+    probe = task.env.make()
+    probe.reset(int(problem.metadata["env_seed"]))
+    plan = probe.plan()
+    turn = iter(range(100))
+
+    def generate(prompts, stop_strings, budgets):
+        move = plan[min(next(turn), len(plan) - 1)]
+        return [[*tokenizer.encode(f"<action>{move}</action>", add_special_tokens=False), stop]
+                for _ in prompts]
+
+    prompt = prompt_ids(tokenizer, problem.prompt)
+    rows = _collect_env(task, [problem], [prompt], generate, tokenizer, [stop],
+                        AgentLimits(max_turns=len(plan) + 2, max_new_tokens_per_turn=32,
+                                    max_response_tokens=100_000))
+    assert rows.rewards == [1.0]  # solved: the outcome pays the solve
+    solve_reward = probe.config.solve_reward
+    assert len(rows.step_rewards[0]) == len(plan)
+    assert max(rows.step_rewards[0]) < solve_reward / 2  # no step carries the solve bonus

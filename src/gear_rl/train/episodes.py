@@ -198,4 +198,4 @@ def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
         rewards=[1.0 if e.success else 0.0 for e in episodes],
         policy_masks=[e.loss_mask for e in episodes], turn_ids=[e.turn_ids for e in episodes],
         step_spans=[e.step_spans for e in episodes], state_keys=[e.state_keys for e in episodes],
-        step_rewards=[e.step_rewards for e in episodes], metrics=env_metrics(episodes))
+        step_rewards=[e.shaping_rewards for e in episodes], metrics=env_metrics(episodes))
