@@ -29,8 +29,9 @@ def _demo(argv: list[str]) -> int:
 _TRAIN_USAGE = """usage: gear-rl train [CONFIG.yaml] [key=value ...]
 
 RL fine-tuning of a causal LM with a credit estimator (GEAR by default) on a laptop CPU.
-Defaults: SmolLM2-135M-Instruct on reasoning-gym arithmetic. Keys use dots for nested fields,
-e.g.  gear-rl train estimator=grpo steps=20 rollout.temperature=0.8 credit.lambda_kl=0.2
+Defaults: SmolLM2-135M-Instruct on one-digit products (reasoning-gym). Keys use dots for
+nested fields, e.g.
+  gear-rl train estimator=grpo steps=20 rollout.temperature=0.8 credit.lambda_kl=0.2
 Continue an interrupted run:  gear-rl train resume=runs/RUN_DIR [steps=N]
 The credit keys listed are those of the estimator chosen on the command line (or in CONFIG.yaml):
 gear-rl train estimator=rlsd --help

@@ -8,9 +8,10 @@ A method file registers its function with :func:`register_estimator`, placed on 
 
 The function takes a :class:`~gear_rl.credit.batch.CreditBatch` and its config and returns
 ``[B, T]`` token-level advantages, 0 where ``batch.mask == 0``. The declaration says what the
-estimator is, and it is the only place that says it: the trainer, the config check, the report,
-verl and TRL read it (which signals to compute, whether segments exist, whether the task must be
-multi-turn, whether the reward enters the loss). Registering a name twice raises.
+estimator is, and it is the only place that says it: the trainer (and through what it logs, the
+report), the config check and ``--help``, verl and TRL read it (which signals to compute,
+whether segments exist, whether the task must be multi-turn, whether the reward enters the
+loss). Registering a name twice raises.
 
 Estimators defined outside this package register the same way; :func:`load_plugins` imports
 their modules (``gear-rl train plugins=my_pkg.my_credit``), and installed distributions can

@@ -599,7 +599,7 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
     (``resume=RUN_DIR``).
 
     Args:
-        estimators: estimator names (``gear_rl.credit`` registry, or ``opsd``).
+        estimators: registered estimator names (``gear_rl.credit.ESTIMATORS``).
         seeds: seeds, the same for every estimator.
         out: the comparison folder.
         config_path: a ``gear-rl train`` YAML config shared by all runs.

@@ -166,7 +166,8 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
 
 
 def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator: str,
-              model: str, task: str, seconds: float) -> dict[str, Any]:
+              model: str, task: str, seconds: float,
+              tensorboard: bool = False) -> dict[str, Any]:
     """Start/end held-out accuracy, reward trend and timings from the run's metric records."""
     key = f"eval/mean@{k}"
     evals = [(r["step"], r[key], r[f"eval/pass@{k}"]) for r in history if key in r]
@@ -179,6 +180,7 @@ def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator:
 
     out: dict[str, Any] = {
         "run_dir": run_dir, "estimator": estimator, "model": model, "task": task,
+        "tensorboard": tensorboard,
         "steps": len(steps), "seconds_this_session": round(seconds, 1),
         "step_seconds_mean": mean(steps, "time/step"),
         "reward_first5": mean(head, "reward_mean"), "reward_last5": mean(tail, "reward_mean"),
@@ -205,6 +207,6 @@ def format_summary(summary: dict[str, Any]) -> str:
         metric = key.removeprefix("eval_start_")
         start, end = summary[key], summary[f"eval_end_{metric}"]
         lines.append(f"held-out   {metric:<8} {start:.3f}  ->  {end:.3f}  ({end - start:+.3f})")
-    lines += [f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, tensorboard/, "
-              "checkpoints/)", "=" * 64]
+    lines += [f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, checkpoints/"
+              f"{', tensorboard/' if summary.get('tensorboard') else ''})", "=" * 64]
     return "\n".join(lines)

@@ -562,7 +562,8 @@ class Trainer:
             progress.close()
         summary = summarize(self.history, k=k, run_dir=str(self.run.path),
                             estimator=config.estimator, model=config.model, task=self.task.name,
-                            seconds=time.perf_counter() - started)
+                            seconds=time.perf_counter() - started,
+                            tensorboard=config.log.tensorboard)
         self.run.write_summary(summary)
         return summary
 

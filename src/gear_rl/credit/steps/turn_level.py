@@ -68,7 +68,8 @@ class TurnLevelConfig(OutcomeConfig):
                          description="MT-GRPO: group-normalised turn rewards + outcome")
 def turn_level(outcomes: torch.Tensor, steps: StepInputs, config: TurnLevelConfig
                ) -> list[list[float]]:
-    """Per-step MT-GRPO advantages from checked inputs (see :func:`turn_level_advantages`)."""
+    """Per-step MT-GRPO advantages from checked inputs (the public entry point is
+    ``step_advantages("turn_level", ...)``)."""
     outcome_adv = grpo_advantages(outcomes.double(), steps.groups, norm_by_std=config.norm_by_std,
                                   eps=config.eps).tolist()
     flat_values, flat_keys, where = [], [], []
