@@ -89,6 +89,9 @@ def test_eval_refuses_a_checkpoint_with_nan_weights(tmp_path) -> None:
     name = next(iter(tensors))
     tensors[name] = torch.full_like(tensors[name], math.nan)
     save_file(tensors, str(weights))
+    from gear_rl.rundir import write_manifest
+
+    write_manifest(weights.parent)  # as if the NaN weights had been saved as they are
     from gear_rl.train.trainer import evaluate_model
 
     config = load_config(None, ["model=tiny-random", "eval.size=2", "eval.k=1"])
@@ -193,3 +196,54 @@ def test_malformed_yaml_names_the_file_and_line(tmp_path) -> None:
     path.write_text("steps: 3\nrollout:\n  temperature: [0.7\n")
     with pytest.raises(ValueError, match=r"bad\.yaml.* not valid YAML at line"):
         load_config(path)
+
+
+# --- damaged checkpoints ----------------------------------------------------------------------
+def _two_checkpoints(tmp_path) -> Path:
+    run = tmp_path / "run"
+    tiny_trainer(run, "estimator=grpo", "steps=2", "log.checkpoint_every=1",
+                 "log.keep_checkpoints=2").train()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()
+                  if p.is_dir()) == ["step-000001", "step-000002"]
+    return run
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path) -> None:
+    run = _two_checkpoints(tmp_path)
+    weights = run / "checkpoints" / "step-000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # what a crash mid-write could leave
+    config = resume_config(run, {"steps": 3})
+    with pytest.warns(UserWarning, match="step-000002: model.safetensors has 1000 bytes.*"
+                                         "newest intact checkpoint, step-000001"):
+        trainer = tiny_trainer(run, config=config)
+    assert trainer.start_step == 1
+    trainer.train()
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()] == [1, 2, 3]
+    # the resumed run wrote step 2 again, intact; loading a truncated file directly is an error
+    from gear_rl.train.checkpoint import load_checkpoint
+
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"cannot be read.*damaged"):
+        load_checkpoint(weights.parent, trainer.model)
+
+
+def test_an_empty_latest_pointer_uses_the_newest_intact_checkpoint(tmp_path) -> None:
+    run = _two_checkpoints(tmp_path)
+    (run / "checkpoints" / "latest").write_text("")
+    config = resume_config(run, {"steps": 2})
+    with pytest.warns(UserWarning, match="latest is missing or empty.*step-000002"):
+        trainer = tiny_trainer(run, config=config)
+    assert trainer.start_step == 2
+    trainer.close()
+
+
+def test_a_flipped_byte_is_caught_by_the_checksum(tmp_path) -> None:
+    from gear_rl.rundir import checkpoint_problem
+
+    run = _two_checkpoints(tmp_path)
+    folder = run / "checkpoints" / "step-000002"
+    data = bytearray((folder / "optimizer.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (folder / "optimizer.pt").write_bytes(bytes(data))
+    assert checkpoint_problem(folder) == "optimizer.pt does not match its checksum"
+    assert checkpoint_problem(run / "checkpoints" / "step-000001") is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import warnings
@@ -41,7 +42,9 @@ __all__ = [
     "append_jsonl",
     "atomic_write_bytes",
     "atomic_write_text",
+    "checkpoint_problem",
     "read_jsonl",
+    "write_manifest",
 ]
 
 CONFIG = "config.yaml"
@@ -53,6 +56,7 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 LATEST = "latest"
 LOCK = ".lock"
+MANIFEST = "manifest.json"
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
@@ -116,6 +120,47 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
     """Append ``record`` as one line (written with a single ``write`` call)."""
     with Path(path).open("a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: str | Path) -> None:
+    """Record the size and SHA-256 of every file in a checkpoint folder (``manifest.json``)."""
+    folder = Path(folder)
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    atomic_write_text(folder / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
+
+
+def checkpoint_problem(folder: str | Path, *, checksums: bool = True) -> str | None:
+    """Why the checkpoint ``folder`` cannot be used, or None when it is intact (every file of
+    its manifest present with its size and, with ``checksums``, its SHA-256). A folder without
+    a manifest is accepted when its ``state.pt`` exists."""
+    folder = Path(folder)
+    if not (folder / "state.pt").is_file():
+        return "no state.pt"
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return "an unreadable manifest.json"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != entry["size"]:
+            return f"{name} has {path.stat().st_size} bytes, not {entry['size']}"
+        if checksums and _sha256(path) != entry["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
 
 
 class RunDir:
@@ -283,13 +328,32 @@ class RunDir:
         """Make ``checkpoints/latest`` name ``folder`` (atomically)."""
         atomic_write_text(self.checkpoints / LATEST, folder.name + "\n")
 
-    def latest_checkpoint(self) -> Path | None:
-        """The folder ``checkpoints/latest`` names, or None when there is no complete one."""
+    def latest_checkpoint(self, *, verify: bool = False) -> Path | None:
+        """The folder ``checkpoints/latest`` names, or None when there is no complete one.
+
+        With ``verify`` (resume, evaluation): the checkpoint's files are checked against its
+        manifest, and when it is damaged, or the pointer is empty or names nothing, the newest
+        intact checkpoint is returned instead, with a warning that says so."""
         pointer = self.checkpoints / LATEST
-        if not pointer.is_file():
-            return None
-        folder = self.checkpoints / pointer.read_text().strip()
-        return folder if (folder / "state.pt").is_file() else None
+        named = None
+        if pointer.is_file():
+            text = pointer.read_text().strip()
+            named = self.checkpoints / text if text else None
+        if not verify:
+            return named if named is not None and (named / "state.pt").is_file() else None
+        problem = "checkpoints/latest is missing or empty"
+        if named is not None:
+            problem = checkpoint_problem(named) or ""
+            if not problem:
+                return named
+            problem = f"{named.name}: {problem}"
+        for folder in reversed(self.checkpoint_folders()):
+            if folder != named and checkpoint_problem(folder) is None:
+                if named is not None or pointer.is_file():
+                    warnings.warn(f"{self.path}: {problem}; using the newest intact checkpoint, "
+                                  f"{folder.name}", stacklevel=2)
+                return folder
+        return None
 
     def checkpoint_folders(self) -> list[Path]:
         """Complete checkpoint folders, oldest first."""

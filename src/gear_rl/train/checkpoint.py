@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gear_rl.rundir import RunDir
+from gear_rl.rundir import RunDir, write_manifest
 
 __all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint",
            "set_rng_state"]
@@ -77,6 +78,7 @@ def save_checkpoint(
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"step": step, "rng": rng_state(), **(extra or {})}, tmp / "state.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step}) + "\n")
+    write_manifest(tmp)  # sizes and checksums: a damaged checkpoint is recognised on load
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -104,7 +106,11 @@ def load_checkpoint(
     applied here (see :func:`set_rng_state`).
     """
     folder = Path(folder)
-    tensors = load_file(str(folder / "model.safetensors"))
+    try:
+        tensors = load_file(str(folder / "model.safetensors"))
+    except (OSError, SafetensorError) as error:
+        raise ValueError(f"checkpoint {folder} cannot be read ({error}); it may be damaged: "
+                         "an older one in the same folder is used when resuming") from error
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     tied = {name for name in missing if name.endswith("lm_head.weight")}
     if set(missing) - tied or unexpected:

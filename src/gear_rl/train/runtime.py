@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gear_rl.agent.loop import AgentLimits
-from gear_rl.rundir import RunDir
+from gear_rl.rundir import RunDir, checkpoint_problem
 from gear_rl.tasks import Task, load_task
 from gear_rl.train.config import TrainConfig
 from gear_rl.train.episodes import task_turns
@@ -125,8 +125,11 @@ def _checkpoint_folder(path: str | Path) -> Path:
     """A checkpoint folder itself, or a run directory's latest checkpoint."""
     folder = Path(path)
     if (folder / "model.safetensors").is_file():
+        problem = checkpoint_problem(folder)
+        if problem:
+            raise ValueError(f"checkpoint: {folder} is damaged ({problem})")
         return folder
-    found = RunDir(folder).latest_checkpoint()
+    found = RunDir(folder).latest_checkpoint(verify=True)
     if found is None:
         raise ValueError(f"checkpoint: {folder} is neither a checkpoint folder nor a run "
                          "directory with one")

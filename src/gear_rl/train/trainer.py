@@ -204,9 +204,10 @@ class Trainer:
                 raise ValueError(f"resume: {run.path} does not exist")
             run.lock()
             try:
-                checkpoint = run.latest_checkpoint()
+                checkpoint = run.latest_checkpoint(verify=True)
                 if checkpoint is None:
-                    raise ValueError(f"resume: {run.path} has no checkpoint to resume from")
+                    raise ValueError(f"resume: {run.path} has no intact checkpoint to resume "
+                                     "from")
                 state = load_checkpoint(checkpoint, self.model, self.optimizer)
                 set_rng_state(state["rng"])
                 self.start_step = int(state["step"])
