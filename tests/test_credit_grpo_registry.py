@@ -83,6 +83,10 @@ def test_top_entropy_keeps_top_fraction_of_policy_tokens() -> None:
     assert out.tolist() == [[0, 2.0, 0, 0, 0], [-1.0, 0, 0, 0, 0]]
     all_kept = top_entropy_advantages(adv, entropy, mask, rho=1.0)
     assert torch.equal(all_kept, adv[:, None] * mask)
+    # ties at the cut: exactly ceil(rho * n) kept, the earlier tokens first
+    flat = torch.tensor([[0.5, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    tied = top_entropy_advantages(adv, flat, torch.ones(2, 5), rho=0.3)
+    assert tied.tolist() == [[2.0, 2.0, 2.0, 0, 0], [0, 0, 0, 0, 0]]
 
 
 def test_rlsd_by_hand() -> None:
@@ -137,6 +141,8 @@ def test_declarations_say_what_each_estimator_is() -> None:
     assert {n for n, e in ESTIMATORS.items() if not e.uses_reward} == {"opsd"}
     assert {n for n, e in ESTIMATORS.items() if e.self_distillation} == {"opsd"}
     assert get_estimator("top_entropy").needs == ("entropy",)
+    # only top-entropy chooses tokens in the policy update (with selection=micro_batch)
+    assert {n for n, e in ESTIMATORS.items() if e.update_mask is not None} == {"top_entropy"}
     for name, estimator in ESTIMATORS.items():
         assert estimator.description and estimator.paper, name
         assert estimator.fn.__module__.startswith("gear_rl.credit."), name

@@ -27,7 +27,13 @@ class CreditBatch:
         entropy: ``[B, T]`` per-token student entropy (nats).
         student_logprobs: ``[B, T]`` log pi(a_t | s_t) of the sampled token.
         teacher_logprobs: ``[B, T]`` log pi(a_t | s*_t), the ground-truth-conditioned teacher.
-        extras: estimator-specific inputs (step-level methods: step spans, state keys, ...).
+        extras: estimator-specific inputs (step-level methods: step spans, state keys, ...;
+            RLSD's ``thought_mask``).
+        step: the 1-based training step, for estimators with a schedule (RLSD's ``lam``
+            warm-up and decay); ``None`` where the engine does not say.
+        applies_update_mask: the engine applies the estimator's update-time token selection
+            (``Estimator.update_mask``) in its policy loss; an estimator whose config selects
+            there refuses a batch without it (gear-rl's trainer sets it; verl and TRL do not).
     """
 
     rewards: torch.Tensor
@@ -38,6 +44,8 @@ class CreditBatch:
     student_logprobs: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    applies_update_mask: bool = False
 
     def require(self, estimator: str, *names: str) -> None:
         """Raise ``ValueError`` naming every field in ``names`` that is ``None``."""

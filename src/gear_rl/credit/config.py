@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 NORMALIZE_MODES = ("minmax", "max", "none")
 SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
+TOP_ENTROPY_SELECTIONS = ("batch", "micro_batch")
 
 
 def _finite(name: str, value: float) -> None:
@@ -97,32 +98,73 @@ class TopEntropyConfig(OutcomeConfig):
     """Top-entropy token mask (Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939).
 
     Attributes:
-        rho: fraction of the batch's policy tokens, highest entropy first, that keep their
-            advantage; the rest get 0. Ties at the threshold are all kept.
+        rho: fraction of the policy tokens, highest entropy first, that keep their advantage:
+            exactly ``k = ceil(rho * n)`` of ``n`` (the authors' rounding; ties at the cut are
+            broken by position, earlier first, so exactly ``k`` are kept).
+        selection: where the tokens are chosen. ``batch``: the credit step keeps the top
+            ``rho`` of the whole batch by the scoring pass's entropy and zeroes the advantage
+            elsewhere (the paper's "top 20% of the batch"; the loss is still averaged over
+            every token). ``micro_batch``: the authors' code (their verl ``dp_actor``
+            ``update_policy`` with ``get_global_entropy_top_mask``): each PPO micro-batch keeps
+            its own top ``rho`` by the current policy's entropy, and the policy loss is
+            aggregated over the selected tokens only (with ``token-mean``, a ``1 / rho``
+            larger gradient). ``micro_batch`` needs an engine that applies update-time
+            selection: gear-rl's trainer does; verl and TRL refuse it.
     """
 
     rho: float = 0.2
+    selection: str = "batch"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _finite("rho", self.rho)
         if not 0.0 < self.rho <= 1.0:
             raise ValueError(f"rho must be in (0, 1], got {self.rho}")
+        if self.selection not in TOP_ENTROPY_SELECTIONS:
+            raise ValueError(f"selection must be one of {TOP_ENTROPY_SELECTIONS}, got "
+                             f"{self.selection!r}")
+
+
+def _optional_steps(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
 class RLSDConfig(OutcomeConfig):
     """RLSD token reweighting (arXiv 2604.03128):
     ``Ahat_t = A * ((1 - lam) + lam * clip(exp(sign(A) * d_t), 1 - eps_w, 1 + eps_w))``,
-    ``d_t = teacher_logprob - student_logprob``.
+    ``d_t = teacher_logprob - student_logprob``. The schedule and the two restrictions are the
+    authors' code's options (iie-ycx/RLSD: ``opsd_config.py``, ``rlsd_*``), off by default.
 
     Attributes:
-        lam: mixing weight of the teacher-ratio term.
+        lam: mixing weight of the teacher-ratio term (the peak value under a schedule).
         eps_w: clip half-width of the ratio.
+        lam_warmup_steps: ``lam`` ramps up linearly, ``lam * t / lam_warmup_steps`` at training
+            step ``t < lam_warmup_steps`` (1-based, as the authors' ``global_step``); ``None``:
+            no warm-up.
+        lam_decay_steps: from step ``t >= lam_warmup_steps`` (or 0), ``lam`` decays linearly to
+            0: ``lam * max(0, 1 - (t - lam_warmup_steps) / lam_decay_steps)``, so without a
+            warm-up step 1 already has ``lam * (1 - 1 / lam_decay_steps)`` and step
+            ``lam_decay_steps`` has 0 (the authors' ``examples/visual_rl/rlsd_train.sh`` uses
+            60 steps, no warm-up). ``None``: constant ``lam``. Either schedule needs the
+            training step (``CreditBatch.step``).
+        negative_only: reweight only trajectories with ``A < 0``; the others keep GRPO's ``A``
+            on every token (the authors' ``rlsd_negative_only``, against the response-length
+            collapse of under-reinforced correct answers).
+        thought_only: reweight only tokens inside a thought span; the others keep ``A`` (the
+            authors' ``rlsd_thought_only``: tokens strictly between ``<thought>`` and
+            ``</thought>``, the tags excluded). Needs ``CreditBatch.extras["thought_mask"]``
+            (``[B, T]``, 1 on thought tokens).
     """
 
     lam: float = 0.5
     eps_w: float = 0.2
+    lam_warmup_steps: int | None = None
+    lam_decay_steps: int | None = None
+    negative_only: bool = False
+    thought_only: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,3 +174,8 @@ class RLSDConfig(OutcomeConfig):
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
         if not 0.0 <= self.eps_w < 1.0:
             raise ValueError(f"eps_w must be in [0, 1), got {self.eps_w}")
+        _optional_steps("lam_warmup_steps", self.lam_warmup_steps)
+        _optional_steps("lam_decay_steps", self.lam_decay_steps)
+        for name in ("negative_only", "thought_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -11,7 +11,14 @@ The function takes a :class:`~gear_rl.credit.batch.CreditBatch` and its config a
 estimator is, and it is the only place that says it: the trainer (and through what it logs, the
 report), the config check and ``--help``, verl and TRL read it (which signals to compute,
 whether segments exist, whether the task must be multi-turn, whether the reward enters the
-loss). Registering a name twice raises.
+loss, whether the policy update selects tokens). Registering a name twice raises.
+
+An estimator may also choose tokens at update time, from the current policy: ``update_mask=fn``
+with ``fn(entropy [b, t], mask [b, t], config) -> [b, t] bool or None`` (None: no selection with
+this config). The trainer calls it on each PPO micro-batch with the current policy's entropy and
+aggregates the policy loss over the selected tokens only. How many tokens it selects must depend
+on ``mask`` alone (the trainer counts them before the micro-batch loop, by calling it on zero
+entropy, to normalise a token mean over the whole mini-batch).
 
 Estimators defined outside this package register the same way; :func:`load_plugins` imports
 their modules (``gear-rl train plugins=my_pkg.my_credit``), and installed distributions can
@@ -55,6 +62,7 @@ SIGNAL_FIELDS: tuple[str, ...] = ("divergence", "entropy", "student_logprobs",
 TEACHER_FIELDS: frozenset[str] = frozenset({"divergence", "teacher_logprobs"})
 
 EstimatorFn = Callable[[CreditBatch, Any], torch.Tensor]
+UpdateMaskFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor | None]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -79,6 +87,9 @@ class Estimator:
         uses_reward: ``False`` when the outcome reward does not enter the loss (``opsd``).
         self_distillation: the trainer adds the self-distillation loss (reverse KL to the
             teacher) with weight ``loss.opsd_coef``, or 1 when that is 0.
+        update_mask: update-time token selection, ``fn(entropy [b, t], mask [b, t], config) ->
+            [b, t] bool or None`` on one micro-batch under the current policy (see the module
+            docstring); use :meth:`select_for_update` and :meth:`update_token_count`.
         paper: the method's paper (for tables and ``--help``).
         description: one line.
     """
@@ -94,6 +105,7 @@ class Estimator:
     needs_states: bool | Callable[[Any], bool] = False
     uses_reward: bool = True
     self_distillation: bool = False
+    update_mask: UpdateMaskFn | None = None
     paper: str = ""
     description: str = ""
 
@@ -107,6 +119,30 @@ class Estimator:
         if callable(self.needs_states):
             return bool(self.needs_states(config if config is not None else self.make_config()))
         return bool(self.needs_states)
+
+    def select_for_update(self, entropy: torch.Tensor, mask: torch.Tensor,
+                          config: Any) -> torch.Tensor | None:
+        """``[b, t]`` bool: the micro-batch tokens the policy loss keeps (``entropy``: the
+        current policy's, ``mask``: the policy tokens), or None when this estimator with
+        ``config`` selects none at update time."""
+        if self.update_mask is None:
+            return None
+        selected = self.update_mask(entropy, mask, config)
+        if selected is None:
+            return None
+        if tuple(selected.shape) != tuple(mask.shape):
+            raise ValueError(f"estimator {self.name!r}: update_mask returned shape "
+                             f"{tuple(selected.shape)}, expected {tuple(mask.shape)}")
+        return selected.bool() & mask.bool()
+
+    def update_token_count(self, mask: torch.Tensor, config: Any) -> float | None:
+        """How many of ``mask``'s tokens :meth:`select_for_update` keeps (it depends on the mask
+        alone), or None when there is no update-time selection with ``config``."""
+        if self.update_mask is None:
+            return None
+        selected = self.select_for_update(torch.zeros(mask.shape, device=mask.device), mask,
+                                          config)
+        return None if selected is None else float(selected.sum())
 
     def config_fields(self) -> dict[str, dataclasses.Field]:
         """The settable config fields (pinned ones excluded), by name."""
@@ -150,6 +186,13 @@ class Estimator:
         batch.require(self.name, *self.needs)
         check_mask(batch.mask, values=False)
         check_batch_size("rewards", batch.rewards, batch.mask.shape[0])
+        if not batch.applies_update_mask and self.update_token_count(batch.mask,
+                                                                      config) is not None:
+            raise ValueError(
+                f"estimator {self.name!r} with this config selects tokens in the policy update "
+                "(update_mask), which this engine's loss does not apply (CreditBatch."
+                "applies_update_mask is False); gear-rl's own trainer applies it"
+            )
         return self.fn(batch, config)
 
 
@@ -170,6 +213,7 @@ def register_estimator(
     needs_states: bool | Callable[[Any], bool] = False,
     uses_reward: bool = True,
     self_distillation: bool = False,
+    update_mask: UpdateMaskFn | None = None,
     paper: str = "",
     description: str = "",
 ) -> Callable[[F], F]:
@@ -202,7 +246,8 @@ def register_estimator(
             fixed=MappingProxyType(pinned), segments=segments,
             step_level=step_level or step_fn is not None, step_fn=step_fn,
             needs_states=needs_states, uses_reward=uses_reward,
-            self_distillation=self_distillation, paper=paper, description=description)
+            self_distillation=self_distillation, update_mask=update_mask, paper=paper,
+            description=description)
         return fn
 
     return decorator

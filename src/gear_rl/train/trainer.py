@@ -348,9 +348,13 @@ class Trainer:
         return Scores(**{name: torch.cat(values) for name, values in parts.items()})
 
     # ------------------------------------------------------------------ 3. credit
-    def credit(self, batch: StepBatch, scores: Scores) -> torch.Tensor:
-        """``[B, T]`` token-level advantages from the registered estimator."""
-        return self.estimator(scores.credit_batch(batch), self.credit_config).float()
+    def credit(self, batch: StepBatch, scores: Scores, step: int | None = None) -> torch.Tensor:
+        """``[B, T]`` token-level advantages from the registered estimator. ``step`` (1-based)
+        reaches estimators with a schedule as ``CreditBatch.step`` (RLSD's ``lam`` decay)."""
+        credit_batch = scores.credit_batch(batch)
+        credit_batch.step = step
+        credit_batch.applies_update_mask = True  # _micro_loss applies the update-time selection
+        return self.estimator(credit_batch, self.credit_config).float()
 
     # ------------------------------------------------------------------ 4. update
     def update(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor,
@@ -369,11 +373,19 @@ class Trainer:
             for split in np.array_split(np.array(order), config.minibatches):
                 minibatch: list[int] = sorted(split.tolist())
                 num_tokens = float(scores.mask[minibatch].sum())
+                micros = [minibatch[start:start + config.micro_batch_size]
+                          for start in range(0, len(minibatch), config.micro_batch_size)]
+                # an estimator that selects tokens per micro-batch (update_mask) fixes how many
+                # from the masks alone: the policy loss's token mean divides by their total
+                counts = [self.estimator.update_token_count(scores.mask[micro],
+                                                            self.credit_config)
+                          for micro in micros]
+                num_selected = (None if None in counts
+                                else float(sum(c for c in counts if c is not None)))
                 self.optimizer.zero_grad(set_to_none=True)
-                for start in range(0, len(minibatch), config.micro_batch_size):
-                    micro = minibatch[start:start + config.micro_batch_size]
+                for micro in micros:
                     parts, stats = self._micro_loss(batch, scores, advantages, micro,
-                                                    len(minibatch), num_tokens)
+                                                    len(minibatch), num_tokens, num_selected)
                     self._check_finite(step, "the loss", parts["loss"])
                     parts["loss"].backward()
                     for name, value in parts.items():
@@ -418,8 +430,14 @@ class Trainer:
             self._check_finite(step, f"the weights ({name})", parameter.detach())
 
     def _micro_loss(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor,
-                    rows: list[int], num_seqs: int, num_tokens: float):
+                    rows: list[int], num_seqs: int, num_tokens: float,
+                    num_selected: float | None = None):
         """Loss of the micro-batch ``rows`` scaled so micro-batches sum to the mini-batch loss.
+
+        Where the estimator selects tokens at update time (``update_mask``, e.g. top-entropy
+        with ``selection=micro_batch``), the policy loss keeps only the tokens it selects by the
+        current policy's entropy, and its token mean divides by ``num_selected`` (their count
+        over the mini-batch); the KL and self-distillation terms keep every policy token.
 
         Returns ``({"loss", "pg_loss", "kl_loss", "opsd_loss"}, PolicyLossStats | None)``.
         """
@@ -438,10 +456,10 @@ class Trainer:
                                     estimator=cast(DivergenceEstimator, signals.divergence),
                                     topk=signals.topk, student_requires_grad=True, **common)
                 logprobs, divergence = sig.student_logprobs, sig.divergence
+                entropy = sig.entropy
             else:
-                logprobs = response_logprobs(model, prompts, responses, requires_grad=True,
-                                             **common).logprobs
-                divergence = None
+                own = response_logprobs(model, prompts, responses, requires_grad=True, **common)
+                logprobs, entropy, divergence = own.logprobs, own.entropy, None
         length = logprobs.shape[1]
         logprobs = logprobs.float()
         mask = scores.mask[rows, :length]
@@ -451,9 +469,17 @@ class Trainer:
         parts = {"pg_loss": zero, "kl_loss": zero, "opsd_loss": zero}
         stats = None
         if self.estimator.uses_reward:
+            pg_mask, pg_agg = mask, agg
+            selected = self.estimator.select_for_update(entropy.detach().float(), mask,
+                                                        self.credit_config)
+            if selected is not None:
+                pg_mask = mask * selected.to(mask.dtype)
+                pg_agg = {**agg, "num_tokens": (float(pg_mask.sum()) if num_selected is None
+                                                else num_selected)}
             parts["pg_loss"], stats = ppo_policy_loss(
-                logprobs, scores.old_logprobs[rows, :length], advantages[rows, :length], mask,
-                clip_low=config.loss.clip_low, clip_high=config.loss.clip_high, **agg)
+                logprobs, scores.old_logprobs[rows, :length], advantages[rows, :length],
+                pg_mask, clip_low=config.loss.clip_low, clip_high=config.loss.clip_high,
+                **pg_agg)
         if self.reference is not None:
             # score() fills ref_logprobs whenever there is a reference model
             ref_logprobs = cast(torch.Tensor, scores.ref_logprobs)
