@@ -286,3 +286,12 @@ def test_trainer_credit_hands_the_step_to_rlsd(tmp_path) -> None:
     expected = rlsd_advantages(a, scores.old_logprobs, scores.teacher_logprobs, scores.mask,
                                lam=0.5 * (1 - 30 / 60))
     torch.testing.assert_close(got, expected.float())
+
+
+def test_the_trainer_hands_the_step_to_a_scheduled_estimator(tmp_path) -> None:
+    from conftest import tiny_trainer
+
+    trainer = tiny_trainer(tmp_path / "run", "estimator=rlsd", "credit.lam_decay_steps=60",
+                           "steps=1")
+    trainer.train()  # the RLSD schedule needs the step: it would raise without it
+    assert trainer.run.read_metrics()[-1]["step"] == 1

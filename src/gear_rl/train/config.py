@@ -150,7 +150,9 @@ class LossConfig:
             stop-gradient ground-truth-conditioned teacher) added to the RL loss.
         epochs: passes over each rollout batch.
         minibatches: optimiser steps per epoch (the batch is split in this many mini-batches).
-        micro_batch_size: rows per forward/backward (gradient accumulation; memory only).
+        micro_batch_size: rows per forward/backward (gradient accumulation; memory only, except
+            for an estimator that selects tokens per micro-batch, e.g. ``top_entropy`` with
+            ``credit.selection=micro_batch``).
     """
 
     clip_low: float = 0.2

@@ -526,7 +526,7 @@ class Trainer:
         scores = self.score(batch)
         timings["time/signals"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        advantages = self.credit(batch, scores)
+        advantages = self.credit(batch, scores, step)
         timings["time/credit"] = time.perf_counter() - mark
         mark = time.perf_counter()
         update = self.update(batch, scores, advantages, step)
