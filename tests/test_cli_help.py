@@ -49,7 +49,7 @@ def test_console_help_of_a_chosen_estimator() -> None:
     out = result.stdout
     rlsd = get_estimator("rlsd")
     assert f"estimator=rlsd: {rlsd.description} ({rlsd.paper})" in out
-    assert "\n  credit.lam = 0.5\n      mixing weight of the teacher-ratio term." in out
+    assert "\n  credit.lam = 0.5\n      mixing weight of the teacher-ratio term" in out
     assert "\n  credit.eps_w = 0.2\n      clip half-width of the ratio." in out
     assert "\n  credit.lambda_kl = " not in out  # GEAR's keys are not rlsd's
 
