@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from gear_rl.agent.tools import PythonSandbox, SandboxResult
-from gear_rl.agent.tools._sandbox_worker import WRITABLE_DIRS
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the corpus asserts root-mode isolation")
 
@@ -232,18 +231,19 @@ CORPUS: list[tuple[str, str, Check]] = [
     # --- files ---
     ("write_host_tmp_sentinel", "open('{tmp_sentinel}', 'w').write('pwned')\n",
      failed_with("FileNotFoundError", "PermissionError", "Read-only")),
-    ("write_tmp", "open('/tmp/pwned', 'w').write('x')\n", failed_with("PermissionError")),
+    ("write_tmp", "open('/tmp/pwned', 'w').write('x')\n",
+     failed_with("PermissionError", "Read-only")),
     ("write_repo", "open('{repo}/pwned', 'w').write('x')\n",
-     failed_with("Read-only", "PermissionError")),
+     failed_with("Read-only", "PermissionError", "FileNotFoundError")),
     ("write_etc", "open('/etc/pwned', 'w').write('x')\n", failed_with("Read-only", "Permission")),
     ("delete_sentinels",
      "import os\nfor p in ('{tmp_sentinel}', '{repo_sentinel}'):\n    try:\n"
      "        os.remove(p)\n    except OSError as e:\n        print('DENIED', type(e).__name__)\n",
      failed_with("DENIED")),
     ("rmtree_repo", "import shutil\nshutil.rmtree('{repo}/src')\n",
-     failed_with("Read-only", "PermissionError")),
-    ("chmod_repo", "import os\nos.chmod('{repo}', 0o777)\n", failed_with("PermissionError",
-                                                                        "Read-only")),
+     failed_with("Read-only", "PermissionError", "FileNotFoundError")),
+    ("chmod_repo", "import os\nos.chmod('{repo}', 0o777)\n",
+     failed_with("PermissionError", "Read-only", "FileNotFoundError")),
     ("huge_file", "open('big', 'wb').write(b'0' * (8 << 20))\n", limit("file_size")),
     ("fill_scratch_disk",
      "for i in range(100):\n    open(f'f{{i}}', 'wb').write(b'0' * (900 << 10))\n",
@@ -251,7 +251,7 @@ CORPUS: list[tuple[str, str, Check]] = [
     ("too_many_open_files", "fs = [open('/dev/null') for _ in range(10**5)]\n",
      limit("open_files")),
     ("symlink_to_shadow", "import os\nos.symlink('/etc/shadow', 'x')\nprint(open('x').read())\n",
-     failed_with("PermissionError")),
+     failed_with("PermissionError", "FileNotFoundError")),
     # --- secrets and the parent ---
     ("read_environment", "import os\nprint(dict(os.environ))\n", no_secret),
     ("read_parent_environ",
@@ -268,7 +268,8 @@ CORPUS: list[tuple[str, str, Check]] = [
     ("read_root_home",
      "import os\nprint(os.listdir('/root'))\nprint(open('/root/.bashrc').read())\n",
      failed_with("FileNotFoundError", "PermissionError")),
-    ("read_shadow", "print(open('/etc/shadow').read())\n", failed_with("PermissionError")),
+    ("read_shadow", "print(open('/etc/shadow').read())\n",
+     failed_with("PermissionError", "FileNotFoundError")),
     ("read_world_readable_home_token", "print(open('{home_token}').read())\n",
      failed_with("FileNotFoundError")),
     # --- network ---
@@ -279,7 +280,7 @@ CORPUS: list[tuple[str, str, Check]] = [
      ".sendto(b'x', ('127.0.0.1', {port}))\n", failed_with("PermissionError", "unreachable")),
     ("unix_socket_to_host_server",
      "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('{unix_path}')\n",
-     failed_with("PermissionError")),
+     failed_with("PermissionError", "FileNotFoundError")),
     # --- signals and the parent ---
     ("kill_parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
      failed_with("PermissionError")),
@@ -338,11 +339,6 @@ CORPUS: list[tuple[str, str, Check]] = [
 ]
 
 
-# Without seccomp (e.g. not x86_64) this one gets through: a Unix socket that the host made
-# world-writable, outside the directories the sandbox covers, accepts the connection.
-SECCOMP_ONLY = {"unix_socket_to_host_server"}
-
-
 # Programs that only end at the 1 s wall-time limit (twice: with and without seccomp).
 SLOW = {"fork_bomb_ignoring_errors", "infinite_loop", "busy_threads", "sleep_forever",
         "stop_self", "deep_recursion_segfault"}
@@ -358,9 +354,8 @@ def test_hostile_program_is_contained(host: Host, name: str, program: str, check
     result = host.sandbox.run(code)
     assert result.duration_s < 10, result
     check(result, host)
-    if name not in SECCOMP_ONLY:
-        result = host.sandbox_noseccomp.run(code)
-        assert host.secret not in result.stdout + result.stderr
+    result = host.sandbox_noseccomp.run(code)
+    assert host.secret not in result.stdout + result.stderr
 
 
 def test_corpus_size():
@@ -379,7 +374,8 @@ def test_state_does_not_leak_between_executions(host: Host):
 
 
 def test_network_namespace_without_seccomp(host: Host):
-    """With seccomp off, sockets can be made but lead nowhere: the namespace has no route."""
+    """With seccomp off, sockets can be made but lead nowhere: the namespace has no route, and
+    the host's Unix sockets (one world-writable in the checkout here) are not in the root."""
     result = host.sandbox_noseccomp.run(host.fmt(
         "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
         "except OSError as e:\n    print(e.errno)\n"
@@ -387,11 +383,5 @@ def test_network_namespace_without_seccomp(host: Host):
         "except OSError as e:\n    print(e.errno)\nprint(socket.if_nameindex())\n"))
     lines = result.stdout.splitlines()
     assert lines[0] == "101", result  # ENETUNREACH: only a loopback, and it is down
+    assert lines[1] == str(errno.ENOENT) and host.unix.connections == 0, result
     assert lines[-1] == "[(1, 'lo')]", result
-    if any(Path(host.unix_path).is_relative_to(d) for d in WRITABLE_DIRS):
-        # the checkout (and so the socket) lies under a private tmpfs: the path is not there
-        assert lines[1] == str(errno.ENOENT) and host.unix.connections == 0, result
-        return
-    # The known gap without seccomp: the world-writable Unix socket in the repository accepted.
-    assert len(lines) == 2 and host.unix.connections == 1, result
-    host.unix.connections = 0

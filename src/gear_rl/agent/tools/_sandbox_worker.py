@@ -6,26 +6,29 @@ standard library only and must not import torch or gear_rl, so that the process 
 
 Lifecycle:
 
-1. The first message is the configuration. The worker isolates itself once (see ``isolate``):
-   new network, mount, IPC and UTS namespaces; private mounts; fresh size-limited tmpfs over the
-   world-writable directories and ``/run``, empty tmpfs over the home directories (the
-   interpreter's own directories bound back); a fresh ``/proc`` that hides other users'
-   processes; every other mount remounted read-only and nosuid. Where the OS refuses (not root)
-   it falls back to a user namespace, and where that fails too, to no namespaces; it reports what
-   it got.
+0. Once per pool, ``python -I _sandbox_worker.py --plan`` (see ``plan_root``) works out what the
+   sandbox's root holds for this interpreter: system software, the interpreter's binary and
+   standard library, the declared packages (their package directories show nothing else), the
+   requested mounts; which hidden paths must be covered. It runs in the workers' interpreter, so
+   it finds that interpreter's packages.
+1. The first message to a worker is the configuration, with that plan. The worker isolates
+   itself once (see ``isolate``): new pid, network, mount, IPC and UTS namespaces (through a
+   user namespace where it is not root); it forks, and the child, pid 1 of the new pid
+   namespace, is the worker from then on (the process the pool started only waits for it). It
+   builds the root on a fresh tmpfs from the plan, every bind read-only, with a minimal
+   ``/dev``, a scratch tmpfs and a ``/proc`` of its own namespace, and ``pivot_root``s into it:
+   the host's file system is detached, not hidden. Where the OS refuses the namespaces it falls
+   back to a user namespace, and where that fails too, to no namespaces; it reports what it got.
 2. Per execution it forks a child that starts a new session, gets a fresh scratch directory (its
-   only writable place, also its cwd, HOME and TMPDIR), resource limits, ``no_new_privs``, a
-   distinct unprivileged uid/gid, a seccomp filter, and then ``exec``s the code in a fresh globals
-   dict. The worker reads the child's stdout/stderr with a size cap and enforces the wall-time
-   limit.
+   only writable place with ``/dev/shm``, also its cwd, HOME and TMPDIR), resource limits,
+   ``no_new_privs``, a distinct unprivileged uid/gid (root mode) or no capabilities (user
+   namespace), a seccomp filter, and then ``exec``s the code in a fresh globals dict. The worker
+   reads the child's stdout/stderr with a size cap and enforces the wall-time limit.
 3. After every execution, however it ended, everything the code started is killed (see
-   ``kill_everything``): the process group first. The worker is a child subreaper, so every
-   surviving descendant, even one that called ``setsid`` or lost its parent, is still below the
-   worker; when the worker has a child left, a reaper child takes the sandbox uid and calls
-   ``kill(-1, SIGKILL)`` (root mode; elsewhere the process table is walked), and the worker
-   reaps until it has no child left. When nothing is left the reaper is skipped: its fork would
-   cost about as much as the execution itself. Scratch, tmpfs leftovers and SysV IPC objects are
-   wiped.
+   ``kill_everything``): the process group first; then, if the worker still has a child,
+   ``kill(-1, SIGKILL)``, which from pid 1 reaches every process of the namespace (without
+   namespaces the process table is walked), and the worker reaps until it has no child left.
+   Scratch, ``/dev/shm`` and SysV IPC objects are wiped.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import contextlib
 import ctypes
 import errno
 import gc
+import importlib
 import json
 import os
 import platform
@@ -42,6 +46,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import struct
 import sys
 import time
@@ -58,6 +63,7 @@ CLONE_NEWCGROUP = 0x02000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
@@ -69,9 +75,8 @@ SECCOMP_MODE_FILTER = 2
 # | SECBIT_NO_CAP_AMBIENT_RAISE | _LOCKED
 SECUREBITS_LOCKDOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 IPC_RMID = 0
+_SYSCALL_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
-# /run is covered whole (it holds /run/lock and the host's service sockets).
-WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
 STATUS_FD = 3
 # Bound here, before any sandboxed code runs: the code may overwrite ``os._exit`` or
 # ``json.dumps`` in its (forked) copy of these modules, and the child still has to report and exit.
@@ -130,76 +135,220 @@ class Channel:
             data = data[written:]
 
 
+# --- the sandbox's root: what it holds (planned once per pool) -----------------------------------
+# System software the interpreter and a shell need. Everything else of the host stays out: /etc but
+# the loader cache, homes, /opt, /srv, /var, /usr/local (unless the interpreter lives there), ...
+SYSTEM_DIRS = ("/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
+               "/usr/libexec", "/usr/share")
+# merged-/usr symlinks (recreated as links), or the directories themselves on older systems
+ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives")
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+SITE_DIR_NAMES = ("site-packages", "dist-packages")
+# The code's only writable places: its scratch directory (a run-N directory in this tmpfs) and
+# /dev/shm; both private to the worker and wiped after every execution.
+SCRATCH_ROOT = "/tmp/gear-sandbox"
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def plan_root(spec: dict) -> dict:
+    """What the sandbox's root holds, for this interpreter (run once per pool, as
+    ``python -I _sandbox_worker.py --plan``).
+
+    ``spec``: ``packages`` (distribution or import names), ``mounts`` and ``python_path`` (real
+    paths, already checked by the pool), ``hidden`` (real paths that must not show).
+
+    Returns ``{"binds", "covers", "links", "packages", "notes"}``: directories and files bound
+    read-only at their own path; package directories replaced by an empty directory (only the
+    declared packages are bound back into them); symlinks recreated (path -> target). A hidden
+    path under a bind is cut out: that bind is replaced by binds of its other entries, level by
+    level down to the hidden path, which is then not even named. Or ``{"error": ...}`` when a
+    declared package is not installed.
+    """
+    import glob
+    import site
+
+    binds: set[str] = set()
+    links: dict[str, str] = {}
+    notes: list[str] = []
+
+    def expose(path: str) -> None:
+        """Bind ``path``; a symlink on the way to it is recreated and followed, one at a time
+        (the venv's ``bin/python`` -> the base interpreter), so the code resolves it the same."""
+        path = os.path.abspath(path)
+        for _ in range(40):
+            path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            if not os.path.islink(path):
+                break
+            links[path] = os.readlink(path)
+            path = os.path.normpath(os.path.join(os.path.dirname(path), links[path]))
+        if os.path.exists(path):
+            binds.add(path)
+
+    for path in (*SYSTEM_DIRS, *ROOT_LINKS, *ETC_FILES):
+        if os.path.lexists(path):
+            expose(path)
+    # The interpreter: its binary, the prefix's lib directory (standard library, libpython and,
+    # for conda-like prefixes, the shared libraries of the extension modules).
+    expose(sys.executable)
+    for prefix in {sys.base_prefix, sys.base_exec_prefix}:
+        for lib in ("lib", "lib64"):
+            if os.path.isdir(os.path.join(prefix, lib)):
+                expose(os.path.join(prefix, lib))
+    # the standard library and its extension modules (in a venv, sysconfig's "platstdlib"
+    # names the venv's own lib directory, which holds nothing but site-packages)
+    expose(os.path.dirname(os.__file__))
+    for path in sys.path:
+        if os.path.basename(path) == "lib-dynload":
+            expose(path)
+    if sys.prefix != sys.base_prefix:
+        # A virtual environment: its configuration and interpreter links only. Never its
+        # directory whole: it may sit in the project checkout, beside the runs and the data.
+        expose(os.path.join(sys.prefix, "pyvenv.cfg"))
+        venv_bin = os.path.join(sys.prefix, "bin")
+        for name in sorted(os.listdir(venv_bin)) if os.path.isdir(venv_bin) else ():
+            if name.startswith("python"):
+                expose(os.path.join(venv_bin, name))
+
+    site_dirs = set()
+    candidates = [*site.getsitepackages(), *site.getsitepackages([sys.base_prefix]), *sys.path,
+                  *glob.glob("/usr/lib/python*/*-packages"),
+                  *glob.glob("/usr/local/lib/python*/*-packages")]
+    for path in candidates:
+        if os.path.basename(path) in SITE_DIR_NAMES and os.path.isdir(path):
+            site_dirs.add(os.path.realpath(path))
+    try:
+        package_paths, package_sites, resolved = _package_paths(spec.get("packages", []), notes)
+    except LookupError as exc:
+        return {"error": str(exc)}
+    covers = {d for d in site_dirs if any(_within(d, b) for b in binds)} | package_sites
+    for path in package_paths:
+        expose(path)
+    for path in (*spec.get("python_path", []), *spec.get("mounts", [])):
+        expose(path)
+
+    def cut_out(bind: str, hidden: str) -> None:
+        binds.discard(bind)
+        current = bind
+        for part in os.path.relpath(hidden, bind).split(os.sep) if hidden != bind else ():
+            if current in covers:
+                return  # below a cover only what is bound into it shows
+            for name in os.listdir(current):
+                if name != part:
+                    entry = os.path.join(current, name)
+                    if os.path.islink(entry):
+                        links[entry] = os.readlink(entry)
+                    else:
+                        binds.add(entry)
+            current = os.path.join(current, part)
+
+    hidden = [h for h in spec.get("hidden", []) if os.path.lexists(h)]
+    while True:
+        pairs = [(b, h) for h in hidden for b in binds if _within(h, b)]
+        if not pairs:
+            break
+        cut_out(*pairs[0])
+
+    def redundant(path: str) -> bool:
+        """Already visible through a bind above it, with no cover in between."""
+        return any(other != path and _within(path, other)
+                   and not any(_within(k, other) and _within(path, k) for k in covers)
+                   for other in binds)
+
+    return {"binds": sorted(b for b in binds if not redundant(b)), "covers": sorted(covers),
+            "links": dict(sorted(links.items())), "packages": resolved, "notes": notes}
+
+
+def _package_paths(names: list[str], notes: list[str]) -> tuple[set[str], set[str], list[str]]:
+    """Top-level files and directories of the named distributions and of what they require
+    (extras left out), the package directories they lie in, and ``name==version`` of each.
+    Raises ``LookupError`` for a declared name that is neither installed nor standard library."""
+    import importlib.metadata as metadata
+    import re
+
+    paths: set[str] = set()
+    sites: set[str] = set()
+    resolved: list[str] = []
+    seen: set[str] = set()
+    stack = [(name, True) for name in names]
+    while stack:
+        name, declared = stack.pop()
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            owners = metadata.packages_distributions().get(name, [])
+            if owners:
+                dist = metadata.distribution(owners[0])
+            elif name in getattr(sys, "stdlib_module_names", ()):
+                continue
+            elif declared:
+                raise LookupError(
+                    f"package {name!r} is not installed for {sys.executable}") from None
+            else:
+                notes.append(f"{name} (required by a declared package) is not installed")
+                continue
+        key = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+        if key in seen:
+            continue
+        seen.add(key)
+        resolved.append(f"{dist.metadata['Name']}=={dist.version}")
+        site_dir = os.path.realpath(str(dist.locate_file("")))
+        sites.add(site_dir)
+        if dist.files is not None:
+            for file in dist.files:
+                parts = file.parts
+                if not parts or parts[0] == ".." or os.path.isabs(str(file)):
+                    continue  # scripts installed elsewhere (bin/)
+                # a top-level module or __pycache__ entry alone; a package directory whole
+                top = str(file) if len(parts) == 1 or parts[0] == "__pycache__" else parts[0]
+                path = os.path.join(site_dir, top)
+                if os.path.lexists(path):
+                    paths.add(path)
+        else:  # no RECORD: the names it declares, and its metadata directory
+            for top in (dist.read_text("top_level.txt") or "").split():
+                for candidate in (top, top + ".py"):
+                    if os.path.lexists(os.path.join(site_dir, candidate)):
+                        paths.add(os.path.join(site_dir, candidate))
+            metadata_dir = getattr(dist, "_path", None)
+            if metadata_dir is not None:
+                paths.add(os.path.realpath(str(metadata_dir)))
+        for requirement in dist.requires or ():
+            spec, _, marker = requirement.partition(";")
+            match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+            if match and "extra" not in marker:
+                stack.append((match.group(1), False))
+    return paths, sites, resolved
+
+
 # --- isolation (once per worker) -----------------------------------------------------------------
-def _mountinfo() -> list[tuple[str, list[str]]]:
-    """(mount point, per-mount options) for every mount, in mount order."""
+def _mountinfo() -> list[tuple[int, int, str]]:
+    """(mount id, parent id, mount point) for every mount, in mount order."""
     mounts = []
     with open("/proc/self/mountinfo") as handle:
         for line in handle:
             fields = line.split()
             point = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-            mounts.append((point, fields[5].split(",")))
+            mounts.append((int(fields[0]), int(fields[1]), point))
     return mounts
 
 
-def _is_world_traversable(path: str) -> bool:
-    """True when an unprivileged, unrelated user can reach ``path`` (o+x on every ancestor)."""
-    current = "/"
-    for part in [p for p in path.split("/") if p]:
-        try:
-            mode = os.stat(current).st_mode
-        except OSError:
-            return False
-        if not mode & 0o001:
-            return False
-        current = os.path.join(current, part)
-    return True
+# statvfs flag -> mount flag, for the flags a remount must keep (a user namespace cannot clear
+# them on a mount that came from the host)
+_KEPT_FLAGS = ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, 1024),
+               (os.ST_NODIRATIME, 2048), (os.ST_RELATIME, 1 << 21))
 
 
-def _top_blocked_ancestor(path: str) -> str:
-    """The highest directory on the way to ``path`` that an unrelated user cannot traverse."""
-    current = "/"
-    for part in [p for p in path.split("/") if p]:
-        if not os.stat(current).st_mode & 0o001:
-            return current
-        current = os.path.join(current, part)
-    return current
-
-
-def _cover(covers: dict[str, str], keep: list[str], tmpfs_opts: str) -> tuple[list[str], list[str]]:
-    """Mount a fresh tmpfs over each directory in ``covers`` (path -> mode), then bind back
-    every directory of ``keep`` that lies under one of them, so the interpreter's own files stay
-    reachable while everything else there disappears.
-
-    The originals are reached through an ``O_PATH`` descriptor opened before the tmpfs goes on
-    top (``/proc/self/fd/N/...`` names the covered directory), so nothing is staged anywhere.
-    Returns (covered directories, notes).
-    """
-    notes: list[str] = []
-    ordered = sorted(covers)
-    outermost = [c for c in ordered if not any(c.startswith(o + "/") for o in ordered if o != c)]
-    kept = sorted({os.path.realpath(k) for k in keep if os.path.isdir(k)})
-    done = []
-    for cover in outermost:
-        inside = [k for k in kept if k == cover or k.startswith(cover + "/")]
-        if cover in inside:
-            notes.append(f"not covering {cover}: the interpreter lives there")
-            continue
-        inside = [k for k in inside if not any(k.startswith(o + "/") for o in inside if o != k)]
-        handle = os.open(cover, os.O_PATH | os.O_DIRECTORY)
-        try:
-            _mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV,
-                   f"{tmpfs_opts},mode={covers[cover]}")
-            for path in inside:
-                relative = os.path.relpath(path, cover)
-                os.makedirs(path, mode=0o755, exist_ok=True)
-                _mount(f"/proc/self/fd/{handle}/{relative}", path, None, MS_BIND | MS_REC)
-            done.append(cover)
-        except OSError as exc:
-            notes.append(f"could not cover {cover}: {exc}")
-        finally:
-            os.close(handle)
-    return done, notes
+def _make_read_only(point: str, device: bool = False) -> None:
+    """Remount ``point`` read-only and nosuid (and nodev unless it is a device node)."""
+    current = os.statvfs(point).f_flag
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV)
+    for stat_flag, mount_flag in _KEPT_FLAGS:
+        if current & stat_flag:
+            flags |= mount_flag
+    _mount(None, point, None, flags)
 
 
 def _enter_user_namespace() -> None:
@@ -213,101 +362,176 @@ def _enter_user_namespace() -> None:
         handle.write(f"0 {gid} 1")
 
 
-def isolate(config: dict) -> dict:
-    """Isolate this worker process; return what is actually enforced."""
-    iso: dict = {"mode": "none", "network": False, "mount_namespace": False,
-                 "ipc_namespace": False, "private_tmp": False, "readonly_fs": False,
-                 "proc_hidden": False, "uid_drop": False, "process_limit": False,
-                 "kill_all": "descendants", "no_new_privs": True, "seccomp": False,
-                 "hidden_dirs": [], "notes": []}
+def _become_pid_one(channel: Channel) -> None:
+    """Fork; the child, pid 1 of the new pid namespace, goes on as the worker. The parent (the
+    process the pool started) only waits for it and exits as it did. The worker dies with that
+    parent (``PR_SET_PDEATHSIG``), and every process of the namespace dies with the worker."""
+    pid = os.fork()
+    if pid:
+        for fd in (channel.read_fd, channel.write_fd):
+            os.close(fd)
+        _pid, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def isolate(config: dict, channel: Channel) -> dict:
+    """Isolate this worker process; return what is actually enforced (``GUARANTEES`` names of
+    the pool, each True or False, plus the mode and notes)."""
+    iso: dict = {"mode": "none", "allowlist_fs": False, "readonly_fs": False, "network": False,
+                 "own_proc": False, "ipc_namespace": False, "uid_drop": False,
+                 "process_limit": False, "seccomp": False, "kill_all": "descendants",
+                 "notes": []}
     requested = config["isolation"]
-    try:
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        iso["subreaper"] = True
-    except OSError as exc:
-        iso["subreaper"] = False
-        iso["notes"].append(str(exc))
+    namespaces = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     mode = "none"
     if requested == "auto" and os.geteuid() == 0:
         try:
-            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
-                   "unshare")
+            _check(_libc.unshare(namespaces), "unshare")
             mode = "root"
         except OSError as exc:
             iso["notes"].append(f"root namespaces refused: {exc}")
     if mode == "none" and requested in ("auto", "userns"):
         try:
             _enter_user_namespace()
-            _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS),
-                   "unshare")
+            _check(_libc.unshare(namespaces), "unshare")
             mode = "userns"
         except OSError as exc:
             iso["notes"].append(f"user namespace refused: {exc}")
     iso["mode"] = mode
-    iso["uid_drop"] = mode == "root"
-    iso["kill_all"] = "uid" if mode == "root" else "descendants"
-    # RLIMIT_NPROC counts per user and user namespace: per worker in root mode (own uid) and in
-    # user-namespace mode (own namespace); without either it would count the whole account.
-    iso["process_limit"] = mode != "none"
     if mode == "none":
         import tempfile
 
+        try:
+            _prctl(PR_SET_CHILD_SUBREAPER, 1)
+            iso["subreaper"] = True
+        except OSError as exc:
+            iso["subreaper"] = False
+            iso["notes"].append(str(exc))
         iso["scratch_root"] = tempfile.mkdtemp(prefix="gear-sandbox-")
         return iso
-    iso["network"] = iso["mount_namespace"] = iso["ipc_namespace"] = True
-    _mount("none", "/", None, MS_REC | MS_PRIVATE)
-    tmpfs_opts = f"size={config['tmpfs_mb']}m,nr_inodes={config['tmpfs_inodes']}"
-    # Only /dev/shm stays writable to the code (multiprocessing needs it); like the scratch
-    # directory it is private and wiped after every execution. The other covers are read-only
-    # to the code: the world-writable directories, the home directories, and (root mode) any
-    # private directory the interpreter lives under (e.g. /root/.pyenv behind a 0700 /root).
-    covers = {d: ("1777" if d == "/dev/shm" else "0755") for d in WRITABLE_DIRS
-              if os.path.isdir(d) and not os.path.islink(d)}
-    for directory in config.get("hide_dirs", []):
-        if os.path.isdir(directory) and not os.path.islink(directory):
-            covers.setdefault(os.path.realpath(directory), "0755")
-    keep = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-            os.path.dirname(os.path.realpath(sys.executable)), *sys.path,
-            *config.get("python_path", [])]
-    if mode == "root":
-        for path in {os.path.realpath(k) for k in keep if os.path.isdir(k)}:
-            if not _is_world_traversable(path):
-                covers.setdefault(_top_blocked_ancestor(path), "0755")
-    covered, notes = _cover(covers, keep, tmpfs_opts)
-    iso["notes"] += notes
-    ours = [d for d in WRITABLE_DIRS if d in covered]
-    iso["private_tmp"] = "/tmp" in ours
-    iso["private_dirs"] = ours
-    iso["hidden_dirs"] = [d for d in covered if d not in WRITABLE_DIRS]
-    iso["scratch_root"] = "/tmp/gear-sandbox"
-    os.makedirs(iso["scratch_root"], mode=0o755, exist_ok=True)
-    if mode == "root":
-        try:
-            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-            iso["proc_hidden"] = True
-        except OSError as exc:
-            iso["notes"].append(str(exc))
-    skip = set(ours)
-    failures = []
-    for point, options in _mountinfo():
-        if point in skip or point == "/proc" or point.startswith("/proc/"):
-            continue
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
-        if "nodev" in options or not (point == "/dev" or point.startswith("/dev/")):
-            flags |= MS_NODEV
-        if "noexec" in options:
-            flags |= MS_NOEXEC
-        for option, bit in (("noatime", 1024), ("nodiratime", 2048), ("relatime", 1 << 21)):
-            if option in options:
-                flags |= bit
-        try:
-            _mount(None, point, None, flags)
-        except OSError as exc:
-            failures.append(str(exc))
-    iso["readonly_fs"] = not failures
-    if failures:
-        iso["notes"].append(f"{len(failures)} mounts stayed writable: {failures[:3]}")
+    _become_pid_one(channel)
+    iso["subreaper"] = True  # pid 1 of the namespace: every orphan in it comes back to it
+    # the worker's pid as the pool sees it (the host's /proc is still mounted)
+    iso["host_pid"] = int(os.readlink("/proc/self"))
+    iso["uid_drop"] = mode == "root"
+    iso["kill_all"] = "pid_namespace"
+    # RLIMIT_NPROC counts per user and user namespace: per worker in root mode (own uid) and in
+    # user-namespace mode (own namespace).
+    iso["process_limit"] = True
+    iso["network"] = iso["ipc_namespace"] = True
+    build_root(config, iso)
+    iso["allowlist_fs"] = True
+    iso["scratch_root"] = SCRATCH_ROOT
+    if mode == "userns":
+        # the code runs as this worker's uid: keep it out of the worker's /proc entries
+        # (fd, mem, root, environ need a capability the code does not have)
+        _prctl(PR_SET_DUMPABLE, 0)
     return iso
+
+
+def build_root(config: dict, iso: dict) -> None:
+    """Build the sandbox's root on a fresh tmpfs from the pool's plan, ``pivot_root`` into it
+    and detach the host's. Every bind is read-only; only the scratch tmpfs and ``/dev/shm`` are
+    writable. Sources are reached through ``O_PATH`` descriptors opened before anything is
+    mounted, so a source under the staging directory is still found."""
+    plan = config["root"]
+    size = f"size={config['tmpfs_mb']}m,nr_inodes={config['tmpfs_inodes']}"
+    small = "size=1m,nr_inodes=4096"
+    _mount("none", "/", None, MS_REC | MS_PRIVATE)
+    sources = sorted({*plan["binds"], *(f"/dev/{node}" for node in DEV_NODES)})
+    handles = {path: os.open(path, os.O_PATH | os.O_CLOEXEC) for path in sources}
+    staging = "/tmp"  # the host's /tmp is untouched: this mount lives in our namespace only
+    old_umask = os.umask(0o022)
+    try:
+        _mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, f"{small},mode=0755")
+
+        def place(path: str, directory: bool) -> str:
+            target = staging + path
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            if directory:
+                os.makedirs(target, 0o755, exist_ok=True)
+            elif not os.path.lexists(target):
+                os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+            return target
+
+        def bind(source: str, path: str, device: bool = False) -> None:
+            target = place(path, stat.S_ISDIR(os.fstat(handles[source]).st_mode))
+            _mount(f"/proc/self/fd/{handles[source]}", target, None, MS_BIND | MS_REC)
+            _make_read_only(target, device)  # at once: nothing may write through to the host
+
+        # parents before children; at one path a bind goes before the cover over it
+        steps = [(path, 0) for path in plan["binds"]] + [(path, 1) for path in plan["covers"]]
+        for path, kind in sorted(steps, key=lambda step: (step[0].count("/"), step[1], step[0])):
+            if kind == 0:
+                bind(path, path)
+            else:
+                _mount("tmpfs", place(path, True), "tmpfs", MS_NOSUID | MS_NODEV,
+                       f"{small},mode=0755")
+        for path, target in plan["links"].items():
+            if not os.path.lexists(staging + path):
+                os.makedirs(os.path.dirname(staging + path), 0o755, exist_ok=True)
+                os.symlink(target, staging + path)
+        _mount("tmpfs", place("/dev", True), "tmpfs", MS_NOSUID | MS_NOEXEC, f"{small},mode=0755")
+        for node in DEV_NODES:
+            bind(f"/dev/{node}", f"/dev/{node}", device=True)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, f"{staging}/dev/{name}")
+        writable = ["/dev/shm", SCRATCH_ROOT]
+        _mount("tmpfs", place("/dev/shm", True), "tmpfs", MS_NOSUID | MS_NODEV,
+               f"{size},mode=1777")
+        _mount("tmpfs", place(SCRATCH_ROOT, True), "tmpfs", MS_NOSUID | MS_NODEV,
+               f"{size},mode=0755")
+        # Before the host's /proc goes: in a user namespace the kernel only allows a new proc
+        # mount while a fully visible one is there.
+        try:
+            proc = place("/proc", True)
+            _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+            for name in ("sys", "sysrq-trigger", "irq", "bus"):  # kernel knobs: read-only
+                if os.path.exists(f"{proc}/{name}"):
+                    _mount(f"{proc}/{name}", f"{proc}/{name}", None, MS_BIND | MS_REC)
+                    _make_read_only(f"{proc}/{name}")
+            iso["own_proc"] = True
+        except OSError as exc:  # e.g. a user namespace where the host's /proc is partly masked
+            iso["notes"].append(f"no /proc in the sandbox: {exc}")
+        # everything else under the new root read-only (submounts of recursive binds included)
+        table = _mountinfo()
+        top = [mount_id for mount_id, _parent, point in table if point == staging][-1]
+        subtree, changed = {top}, True
+        while changed:
+            grown = subtree | {m for m, parent, _p in table if parent in subtree}
+            changed, subtree = grown != subtree, grown
+        failures = []
+        for mount_id, _parent, point in table:
+            inside = point[len(staging):] or "/"
+            if mount_id not in subtree or inside in writable or _within(inside, "/proc"):
+                continue
+            try:
+                device = inside.startswith("/dev/") and inside[5:] in DEV_NODES
+                _make_read_only(point, device)
+            except OSError as exc:
+                failures.append(str(exc))
+        iso["readonly_fs"] = not failures
+        if failures:
+            iso["notes"].append(f"{len(failures)} mounts stayed writable: {failures[:3]}")
+        number = _SYSCALL_PIVOT_ROOT.get(platform.machine())
+        if number is None:
+            raise OSError(errno.ENOSYS, f"pivot_root: unknown architecture "
+                                        f"{platform.machine()}; use isolation='none'")
+        os.chdir(staging)
+        _check(_libc.syscall(number, b".", b"."), "pivot_root")
+        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+        os.chdir("/")
+    finally:
+        os.umask(old_umask)
+        for handle in handles.values():
+            os.close(handle)
+    # the worker's own imports now come from the new root: forget what the host's paths held
+    sys.path[:] = [p for p in sys.path if p and os.path.exists(p)]
+    sys.path_importer_cache.clear()
+    importlib.invalidate_caches()
 
 
 # --- seccomp -------------------------------------------------------------------------------------
@@ -439,11 +663,13 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
             os.setgroups([])
             os.setresgid(gid, gid, gid)
             os.setresuid(uid, uid, uid)
-            # a uid change makes the process non-dumpable, which turns its own /proc/self/*
-            # root-owned; restore normal behaviour (core files stay off through RLIMIT_CORE)
-            _prctl(PR_SET_DUMPABLE, 1)
         elif iso["mode"] == "userns":
             _drop_capabilities()
+        if iso["mode"] != "none":
+            # a uid change (root mode) or the worker's own setting (user-namespace mode) left
+            # the process non-dumpable, which turns its own /proc/self/* unreadable to it;
+            # restore normal behaviour (core files stay off through RLIMIT_CORE)
+            _prctl(PR_SET_DUMPABLE, 1)
         if iso["seccomp"]:
             config["_seccomp_filter"].install()
         sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
@@ -618,37 +844,26 @@ def _has_children() -> bool:
             return True
 
 
-def kill_everything(iso: dict, config: dict, pgid: int | None) -> bool:
+def kill_everything(iso: dict, pgid: int | None) -> bool:
     """Kill every process the execution started; True when none is left.
 
-    The worker is a child subreaper: every live process descended from the execution (also one
-    that called ``setsid`` or whose parent died) is a child of the worker or below one. So once
-    the worker has no child left, nothing is left, and the common case costs one ``waitpid``.
-    Otherwise, in root mode, a reaper with the sandbox uid calls ``kill(-1, SIGKILL)`` (reaching
-    every process of that uid, wherever it is); in the other modes, and as insurance when the
-    reaper was not enough, the process table is walked and every descendant killed.
+    The worker is pid 1 of its own pid namespace (namespace modes) or a child subreaper: every
+    live process descended from the execution (also one that called ``setsid`` or whose parent
+    died) is a child of the worker or below one. So once the worker has no child left, nothing
+    is left, and the common case costs one ``waitpid``. Otherwise, in a pid namespace,
+    ``kill(-1, SIGKILL)`` from its pid 1 reaches every other process in it; without one, the
+    process table is walked and every descendant killed.
     """
     if pgid is not None:
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
     if iso.get("subreaper") and not _has_children():
         return True
-    for attempt in range(20):
-        if iso["mode"] == "root":
-            reaper = os.fork()
-            if reaper == 0:
-                try:
-                    os.setgroups([])
-                    os.setresgid(config["gid"], config["gid"], config["gid"])
-                    os.setresuid(config["uid"], config["uid"], config["uid"])
-                    for _ in range(3):
-                        os.kill(-1, signal.SIGKILL)  # every process of this uid but ourselves
-                except BaseException:
-                    pass
-                os._exit(0)
-            os.waitpid(reaper, 0)
-        if iso["mode"] != "root" or attempt > 0:
-            # the process-table walk: the only way outside root mode; insurance inside it
+    for _attempt in range(20):
+        if iso["kill_all"] == "pid_namespace":
+            with contextlib.suppress(OSError):
+                os.kill(-1, signal.SIGKILL)
+        else:
             for pid in _descendants(os.getpid()):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
@@ -676,20 +891,25 @@ def _wipe_ipc() -> None:
                 getattr(_libc, function)(ident, IPC_RMID, None)
 
 
+def _empty(directory: str) -> None:
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _wipe(iso: dict, scratch: str) -> None:
-    shutil.rmtree(scratch, ignore_errors=True)
     if iso["mode"] == "none":
+        shutil.rmtree(scratch, ignore_errors=True)
         return
-    if "/dev/shm" in iso.get("private_dirs", []):
-        for name in os.listdir("/dev/shm"):
-            path = os.path.join("/dev/shm", name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-    if iso["ipc_namespace"]:
-        _wipe_ipc()
+    # the whole scratch tmpfs: in user-namespace mode the code owns it and may write beside
+    # its run directory
+    _empty(SCRATCH_ROOT)
+    _empty("/dev/shm")
+    _wipe_ipc()
 
 
 def _classify(status_word: int, rusage, report: dict, limits: dict) -> tuple[int, str | None]:
@@ -798,7 +1018,7 @@ def execute(request: dict, config: dict, iso: dict, channel: Channel, counter: i
             os.kill(pid, signal.SIGKILL)
         _pid, status_word, rusage = os.wait4(pid, 0)
     child_done = time.monotonic()
-    clean = kill_everything(iso, config, pid)
+    clean = kill_everything(iso, pid)
     killed = time.monotonic()
     # every writer is dead now: drain what is left in the pipes without blocking
     for fd in list(open_streams):
@@ -874,6 +1094,9 @@ def _read_into(fd, buffers, truncated, cap, open_streams, poller) -> bool:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--plan"]:
+        sys.stdout.write(json.dumps(plan_root(json.loads(sys.stdin.read()))) + "\n")
+        return
     # Keep the protocol away from fds 0/1 so nothing printed by accident corrupts it.
     channel = Channel(os.dup(0), os.dup(1))
     devnull = os.open("/dev/null", os.O_RDWR)
@@ -886,7 +1109,7 @@ def main() -> None:
         return
     sys.path.extend(p for p in config.get("python_path", []) if p not in sys.path)
     try:
-        iso = isolate(config)
+        iso = isolate(config, channel)
         program = _seccomp_program() if config.get("seccomp", True) else None
         if program is not None:
             config["_seccomp_filter"] = PreparedFilter(program)
@@ -901,7 +1124,7 @@ def main() -> None:
         return
     iso["uid"] = config["uid"] if iso["mode"] == "root" else os.getuid()
     iso["network"] = iso["network"] and _network_is_empty()
-    channel.send({"ready": True, "isolation": iso, "pid": os.getpid()})
+    channel.send({"ready": True, "isolation": iso, "pid": iso.get("host_pid", os.getpid())})
     counter = 0
     while True:
         request = channel.recv()

@@ -3,34 +3,49 @@
 A pool of warm worker processes (``_sandbox_worker.py``, started as ``python -I`` with a scrubbed
 environment in a new session). Each worker isolates itself once, then forks one short-lived child
 per execution; see the worker's docstring for the mechanics. What the pool enforces depends on
-what the OS allows, and it says so: ``sandbox.isolation`` is the worker's own report.
+what the OS allows, and it says so: ``sandbox.not_enforced`` names the guarantees (keys of
+``GUARANTEES``) the pool could not give, ``sandbox.isolation`` is the worker's full report.
+
+What the code sees (root and user-namespace modes): a root of its own, built from an allowlist
+and entered with ``pivot_root`` (the host's file system is detached, not covered): system
+software (``/usr/bin``, ``/usr/lib``, ``/usr/share``..., the merged-/usr links, the loader cache
+and ``/etc/localtime``), the interpreter's binary and its prefix's ``lib`` directory, of a
+virtual environment only ``pyvenv.cfg`` and the ``bin/python*`` links, the declared ``packages``
+(and what they require) and every other package directory empty, the ``python_path`` and
+``mounts`` paths, all read-only; a scratch tmpfs (its working directory is a fresh directory in
+it), ``/dev`` with ``null``, ``zero``, ``full``, ``random``, ``urandom`` and a private
+``/dev/shm``, and a ``/proc`` of its own pid namespace. Nothing else: no project checkout, run
+directory, data file, model cache, home, ``/opt``, ``/srv``, ``/var``, ``/run`` or host ``/etc``.
+``hidden`` paths (and the project checkout) are cut out even where they lie under an exposed
+directory (its other entries are bound one by one, so the hidden name does not show), and a
+mount that overlaps one is refused (``check_mounts``). ``sandbox.root_plan`` lists what is
+exposed.
 
 Modes (``sandbox.isolation["mode"]``):
 
-- ``"root"`` (running as root, the tested configuration): network, mount, IPC and UTS
-  namespaces; private size-limited tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run``
-  (only the per-run scratch directory and ``/dev/shm`` are writable, both wiped after every run);
-  empty tmpfs over the home directories (``hide_dirs``), with the interpreter's own directories
-  bound back; a ``/proc`` that shows the code only its own processes; every other mount
-  read-only, nosuid;
-  a distinct unprivileged uid/gid per worker (so ``RLIMIT_NPROC`` is a real per-worker process
-  cap, root-owned files are out of reach, nothing outside can be signalled or ptraced, and a
-  reaper with that uid kills every leftover process with ``kill(-1, SIGKILL)``); a seccomp
-  filter (x86_64) denying mount/namespace/ptrace/keyring/bpf/io_uring calls and non-Unix sockets.
-- ``"userns"`` (not root, unprivileged user namespaces allowed): the same namespaces, private
-  tmpfs and read-only remounts through a user namespace; all capabilities dropped before the code
-  runs. Not enforced: uid drop (the code runs as the calling user, so files the user can read
-  through the read-only mounts stay readable) and the hidden ``/proc``; leftovers are killed by
-  walking the worker's descendants (the worker is a child subreaper).
+- ``"root"`` (running as root, the tested configuration): every guarantee of ``GUARANTEES``.
+  Pid, network, mount, IPC and UTS namespaces; the root above; a distinct unprivileged uid/gid
+  per worker (so ``RLIMIT_NPROC`` is a real per-worker process cap, root-owned files are out of
+  reach and nothing outside can be signalled or ptraced); ``/proc`` mounted ``hidepid=2``; a
+  seccomp filter (x86_64) denying mount/namespace/ptrace/keyring/bpf/io_uring calls and new
+  sockets. When a worker dies, the kernel kills its whole pid namespace, and a reaper with the
+  worker's uid kills anything of that uid from outside.
+- ``"userns"`` (not root, unprivileged user namespaces allowed; or ``isolation="userns"``): the
+  same namespaces and root, built through a user namespace; all capabilities dropped before the
+  code runs, and the worker made non-dumpable so the code cannot reach its ``/proc`` entries.
+  Not enforced: ``uid_drop`` (the code runs as the calling user, mapped to uid 0 of its
+  namespace without capabilities). Where the host's ``/proc`` is partly masked (some
+  containers), the kernel refuses a fresh ``/proc`` and ``own_proc`` is reported missing.
 - ``"none"`` (no namespaces at all): resource limits, a scratch directory, a scrubbed
-  environment and the process-tree kill only. No network or filesystem isolation and no process
-  cap. A warning is logged; pass ``require_isolation=True`` to refuse to start instead.
+  environment, seccomp and the process-tree kill only; none of the file-system, network,
+  ``/proc``, IPC, uid or process-count guarantees. A warning is logged; pass
+  ``require_isolation=True`` to refuse to start instead.
 
 Not enforced anywhere: a limit on the sum of memory of all processes of one run (no cgroup is
-created: ``memory_mb`` x ``max_processes`` bounds it), disk I/O and CPU share; files that are
-world-readable on the host outside the hidden directories stay readable (read-only); without
-seccomp (not x86_64), a Unix socket the host left world-writable outside the covered directories
-is reachable.
+created: ``memory_mb`` x ``max_processes`` bounds it), disk I/O and CPU share; the names of
+exposed host paths show in ``/proc/self/mountinfo`` (their contents outside the allowlist do
+not); a package directory shared by several distributions (a namespace package such as
+``google``) is exposed whole once one of them is declared.
 
 Always enforced: wall-time limit (whole process tree killed), CPU time (``RLIMIT_CPU``), address
 space per process (``RLIMIT_AS``: ``memory_mb`` bounds each process, not their sum), file size
@@ -61,12 +76,36 @@ from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LIMIT_NAMES", "PythonSandbox", "SandboxResult"]
+__all__ = ["DEFAULT_PACKAGES", "GUARANTEES", "LIMIT_NAMES", "PythonSandbox", "SandboxResult",
+           "check_mounts"]
 
 LIMIT_NAMES = ("timeout", "cpu", "memory", "output", "file_size", "processes", "open_files",
                "disk", "sandbox_error")
 """Values ``SandboxResult.limit_hit`` can take (besides ``None``). ``sandbox_error``: the sandbox
 itself failed (a worker died or hung); the pool replaces the worker."""
+
+DEFAULT_PACKAGES = ("numpy", "sympy")
+"""Packages the code can import unless a task declares others (what tool-math needs); their
+requirements (sympy's mpmath) come with them."""
+
+GUARANTEES = {
+    "allowlist_fs": "a root of its own: only the interpreter, the declared packages and mounts, "
+                    "a scratch directory, a minimal /dev and its own /proc (no checkout, runs, "
+                    "data, model cache, home or host /etc)",
+    "readonly_fs": "nothing but the scratch directory and /dev/shm is writable, and both are "
+                   "wiped after every execution",
+    "network": "no network: only a loopback interface, and it is down",
+    "own_proc": "a pid namespace and /proc of its own: no other process is visible or can be "
+                "signalled",
+    "ipc_namespace": "SysV IPC objects are private to the worker and wiped after every execution",
+    "uid_drop": "a distinct unprivileged uid per worker: no capabilities, nothing root-owned "
+                "writable, no process of another uid reachable",
+    "process_limit": "RLIMIT_NPROC caps the processes and threads of one execution",
+    "seccomp": "mount, namespace, ptrace, keyring, bpf and io_uring calls and new sockets are "
+               "denied (x86_64)",
+}
+"""What the sandbox guarantees in root mode, name -> meaning. ``PythonSandbox.not_enforced``
+lists the names a pool could not enforce."""
 
 _WORKER_SCRIPT = Path(__file__).with_name("_sandbox_worker.py")
 _UID_RANGE = (200_000, 299_999)
@@ -136,6 +175,72 @@ def _scrubbed_env() -> dict[str, str]:
             "MALLOC_ARENA_MAX": "2"}
 
 
+def _overlaps(path: str, other: str) -> bool:
+    """True when one of the two real paths is the other or lies inside it."""
+    return (path == other or path.startswith(other.rstrip("/") + "/")
+            or other.startswith(path.rstrip("/") + "/"))
+
+
+def check_mounts(mounts: Sequence[str], forbidden: Sequence[str | os.PathLike[str]] = (), *,
+                 name: str = "mounts") -> list[str]:
+    """Check paths to mount read-only into the sandbox; return their real paths, in order.
+
+    Args:
+        mounts: absolute paths (files or directories) the code may read, at the same path.
+        forbidden: paths the code must never read (the run directory, which logs every reference
+            answer; the task's data files); need not exist yet.
+        name: what the error messages call ``mounts`` (e.g. ``"agent.sandbox_mounts"``).
+
+    Raises:
+        ValueError: naming ``name``, for a path that is not absolute or does not exist, and for
+            one that is a forbidden path, contains one or lies inside one (symlinks resolved).
+    """
+    if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
+        raise ValueError(f"{name} must be a list of absolute paths, got {mounts!r}")
+    blocked = [(str(path), os.path.realpath(path)) for path in forbidden]
+    resolved = []
+    for mount in mounts:
+        if not os.path.isabs(mount):
+            raise ValueError(f"{name}: {mount!r} is not an absolute path")
+        if not os.path.exists(mount):
+            raise ValueError(f"{name}: {mount!r} does not exist")
+        real = os.path.realpath(mount)
+        for original, path in blocked:
+            if _overlaps(real, path):
+                raise ValueError(f"{name}: {mount!r} overlaps {original!r}, which sandboxed code "
+                                 "must not read (it contains it, is it, or lies inside it)")
+        resolved.append(real)
+    return resolved
+
+
+def project_checkout() -> str | None:
+    """The source checkout this package runs from (an editable install: ``<root>/src/gear_rl``
+    beside ``<root>/pyproject.toml``), or None. Always hidden from sandboxed code."""
+    source = Path(__file__).resolve().parents[3]
+    if source.name == "src" and (source.parent / "pyproject.toml").is_file():
+        return str(source.parent)
+    return None
+
+
+def _plan_root(python: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The worker script's ``--plan``, run by the workers' interpreter (whose packages count)."""
+    try:
+        completed = subprocess.run(
+            [python, "-I", str(_WORKER_SCRIPT), "--plan"], input=json.dumps(spec).encode(),
+            capture_output=True, env=_scrubbed_env(), cwd="/", timeout=_START_TIMEOUT_S,
+            check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RuntimeError(f"sandbox: could not plan the sandbox's root with {python}: {exc}"
+                           ) from exc
+    if completed.returncode != 0:
+        raise RuntimeError("sandbox: planning the sandbox's root failed: "
+                           + completed.stderr.decode(errors="replace")[-2000:])
+    plan: dict[str, Any] = json.loads(completed.stdout)
+    if "error" in plan:
+        raise ValueError(f"packages: {plan['error']}")
+    return plan
+
+
 def _uids_of_running_processes() -> set[int]:
     uids = set()
     for name in os.listdir("/proc"):
@@ -202,6 +307,9 @@ class _Worker:
             self.kill()
             raise RuntimeError(f"sandbox worker failed to start: {detail}")
         self.isolation: dict[str, Any] = hello["isolation"]
+        # the process that forks the executions: in the namespace modes a child of the one
+        # started here, pid 1 of its own pid namespace
+        self.pid: int = hello["pid"]
 
     def _drain_stderr(self) -> None:
         stream = self.process.stderr
@@ -315,11 +423,18 @@ class PythonSandbox:
         scratch_mb: size of each private tmpfs (the scratch directory lives in one).
         preload: modules each worker imports once at start (e.g. ``("math", "sympy")``), so
             executions that import them start faster; they are shared with every execution.
-        python_path: extra directories on the code's ``sys.path`` (read-only to it, also where
-            they lie under a hidden directory).
-        hide_dirs: directories replaced by an empty tmpfs for the code (home directories by
-            default: world-readable tokens and caches live there); the interpreter's own
-            directories under them stay visible.
+            Imported inside the sandbox's root: a package must be among ``packages``.
+        packages: distributions (or import names) the code may import, with what they
+            require (extras left out); every other installed package is invisible. The standard
+            library is always there. A name that is not installed raises ``ValueError``.
+        mounts: absolute paths (files or directories) the code may read, at the same path,
+            read-only (e.g. a task's tool assets). Refused (``ValueError``) when one overlaps
+            ``hidden`` or the project checkout: see ``check_mounts``.
+        hidden: paths that must never show to the code, even where they lie under an exposed
+            directory: the run directory, the task's data files. The project checkout is always
+            among them.
+        python_path: extra directories on the code's ``sys.path`` (mounted read-only, checked
+            like ``mounts``).
         isolation: ``"auto"`` (the strongest the OS allows), ``"userns"`` (do not use root
             privileges even when available) or ``"none"`` (limits only; for debugging).
         require_isolation: raise ``RuntimeError`` instead of warning when the full ``"root"``
@@ -345,8 +460,10 @@ class PythonSandbox:
         max_open_files: int = 256,
         scratch_mb: int = 64,
         preload: Sequence[str] = (),
+        packages: Sequence[str] = DEFAULT_PACKAGES,
+        mounts: Sequence[str] = (),
+        hidden: Sequence[str | os.PathLike[str]] = (),
         python_path: Sequence[str] = (),
-        hide_dirs: Sequence[str] = ("/root", "/home"),
         isolation: Literal["auto", "userns", "none"] = "auto",
         require_isolation: bool = False,
         seccomp: bool = True,
@@ -370,15 +487,19 @@ class PythonSandbox:
             raise ValueError(f"max_open_files must be >= 16, got {max_open_files}")
         if isolation not in ("auto", "userns", "none"):
             raise ValueError(f"isolation must be 'auto', 'userns' or 'none', got {isolation!r}")
-        if isinstance(preload, str) or not all(isinstance(m, str) for m in preload):
-            raise ValueError(f"preload must be a sequence of module names, got {preload!r}")
-        for name, paths in (("python_path", python_path), ("hide_dirs", hide_dirs)):
-            if isinstance(paths, str) or not all(
-                    isinstance(p, str) and os.path.isabs(p) for p in paths):
-                raise ValueError(f"{name} must be a sequence of absolute paths, got {paths!r}")
+        for name, names in (("preload", preload), ("packages", packages)):
+            if isinstance(names, str) or not all(isinstance(m, str) for m in names):
+                raise ValueError(f"{name} must be a sequence of module names, got {names!r}")
+        if isinstance(hidden, str) or not all(
+                isinstance(p, (str, os.PathLike)) and os.path.isabs(p) for p in hidden):
+            raise ValueError(f"hidden must be a sequence of absolute paths, got {hidden!r}")
+        checkout = project_checkout()
+        forbidden = [*hidden, *([checkout] if checkout else [])]
+        python_path = check_mounts(python_path, forbidden, name="python_path")
         missing = [p for p in python_path if not os.path.isdir(p)]
         if missing:
             raise ValueError(f"python_path entries must be directories, missing: {missing}")
+        mounts = check_mounts(mounts, forbidden, name="mounts")
         if sys.platform != "linux":
             raise RuntimeError("PythonSandbox needs Linux (namespaces, rlimits, /proc)")
         self.limits = _Limits(
@@ -389,12 +510,16 @@ class PythonSandbox:
         )
         self._num_workers = workers
         self._python = python or sys.executable
+        self.root_plan: dict[str, Any] = _plan_root(self._python, {
+            "packages": list(packages), "mounts": mounts, "python_path": python_path,
+            "hidden": [os.path.realpath(p) for p in forbidden]})
+        """What the sandbox's root holds (the worker's ``plan_root``): ``binds`` (host paths
+        exposed read-only), ``covers`` (package directories shown empty but for ``packages``),
+        ``links`` (recreated symlinks), ``packages`` (``name==version``)."""
         self._base_config = {
             "isolation": isolation, "tmpfs_mb": int(scratch_mb), "tmpfs_inodes": 16384,
-            "preload": list(preload), "seccomp": bool(seccomp),
-            "python_path": [os.path.realpath(p) for p in python_path],
-            "hide_dirs": list(hide_dirs),
-            "path_env": f"{os.path.dirname(self._python)}:{_SAFE_PATH}",
+            "preload": list(preload), "seccomp": bool(seccomp), "python_path": python_path,
+            "root": self.root_plan, "path_env": f"{os.path.dirname(self._python)}:{_SAFE_PATH}",
             "lang": _scrubbed_env()["LANG"],
         }
         self._require = require_isolation
@@ -435,18 +560,30 @@ class PythonSandbox:
                 self._state.workers.remove(worker)
 
     def _check_isolation(self) -> None:
-        iso = self.isolation
-        weak = [key for key in ("network", "private_tmp", "readonly_fs", "uid_drop",
-                                "process_limit", "proc_hidden", "seccomp") if not iso.get(key)]
-        if iso.get("mode") == "root" and not weak:
-            logger.info("sandbox: full isolation (root mode, uid %s)", iso.get("uid"))
+        message = self.isolation_warning
+        if message is None:
+            logger.info("sandbox: full isolation (root mode, uid %s)", self.isolation.get("uid"))
             return
-        message = (f"sandbox isolation is reduced (mode {iso.get('mode')!r}); not enforced: "
-                   f"{', '.join(weak) or 'nothing'}; notes: {iso.get('notes')}")
         if self._require:
             self.close()
             raise RuntimeError(message)
         logger.warning(message)
+
+    @property
+    def not_enforced(self) -> list[str]:
+        """Names of the ``GUARANTEES`` this pool does not enforce (empty in full root mode)."""
+        return [name for name in GUARANTEES if not self.isolation.get(name)]
+
+    @property
+    def isolation_warning(self) -> str | None:
+        """One line naming the mode and each guarantee it lacks with its meaning; None when the
+        isolation is complete. The trainer logs it once per run."""
+        missing = self.not_enforced
+        if self.isolation.get("mode") == "root" and not missing:
+            return None
+        details = "; ".join(f"{name} ({GUARANTEES[name]})" for name in missing) or "nothing"
+        return (f"sandbox isolation is reduced (mode {self.isolation.get('mode')!r}); not "
+                f"enforced: {details}; notes: {self.isolation.get('notes')}")
 
     @property
     def workers(self) -> int:
@@ -536,9 +673,10 @@ class PythonSandbox:
             return list(pool.map(lambda code: self.run(code, timeout_s=timeout_s), codes))
 
     def worker_pids(self) -> list[int]:
-        """Process ids of the current workers (for monitoring and tests)."""
+        """Process ids of the current workers, the processes that fork the executions (for
+        monitoring and tests)."""
         with self._lock:
-            return [w.process.pid for w in self._state.workers]
+            return [w.pid for w in self._state.workers]
 
     def worker_uids(self) -> list[int]:
         """Sandbox uids of the current workers (root mode)."""
