@@ -421,7 +421,11 @@ def isolate(config: dict, channel: Channel) -> dict:
     # user-namespace mode (own namespace).
     iso["process_limit"] = True
     iso["network"] = iso["ipc_namespace"] = True
-    build_root(config, iso)
+    try:
+        build_root(config, iso)
+    except OSError as exc:  # never fall back silently: the pool refuses to start
+        raise RuntimeError(f"could not build the sandbox's root in {mode} mode: {exc} "
+                           "(isolation='none' runs without file-system isolation)") from exc
     iso["allowlist_fs"] = True
     iso["scratch_root"] = SCRATCH_ROOT
     if mode == "userns":
