@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,14 +18,15 @@ import torch
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.rundir import RunDir, checkpoint_problem
 from gear_rl.tasks import Task, load_task
-from gear_rl.train.config import TrainConfig
+from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
 from gear_rl.train.episodes import task_turns
 from gear_rl.train.rollout import stop_token_ids
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "resolve_device"]
+__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "evaluate_model",
+           "open_run", "resolve_device", "resume_config", "run_evaluation"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -191,3 +195,110 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
                    sampler=sampler, stop_ids=stops, pad_id=int(pad if pad is not None
                                                                else stops[0]),
                    task=task, sandbox=task_sandbox(task, config))
+
+
+def open_run(config: TrainConfig, runtime: Runtime,
+             optimizer: torch.optim.Optimizer) -> tuple[RunDir, int]:
+    """The run directory of ``config``, locked for this process, and the step it continues
+    after: a new one (``out``, refusing any folder whose files it would overwrite), or, with
+    ``resume``, the existing run with its newest intact checkpoint loaded into the policy and
+    ``optimizer`` (RNG states restored, logs after that step dropped)."""
+    if config.resume:
+        run = RunDir(config.resume)
+        if not run.path.is_dir():
+            raise ValueError(f"resume: {run.path} does not exist")
+        run.lock()
+        try:
+            checkpoint = run.latest_checkpoint(verify=True)
+            if checkpoint is None:
+                raise ValueError(f"resume: {run.path} has no intact checkpoint to resume from")
+            from gear_rl.train.checkpoint import load_checkpoint, set_rng_state
+
+            state = load_checkpoint(checkpoint, runtime.model, optimizer)
+            set_rng_state(state["rng"])
+            runtime.sync_sampler()
+            step = int(state["step"])
+            run.truncate_logs(step)
+            saved = run.read_config()
+            if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
+                run.write_config({**saved, "steps": config.steps})
+        except BaseException:
+            run.unlock()
+            raise
+        return run, step
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run = RunDir(config.out or Path("runs") / f"{stamp}-{config.estimator}-s{config.seed}")
+    if run.path.exists() and not run.path.is_dir():
+        raise ValueError(f"out: {run.path} is a file, not a folder")
+    try:
+        run.path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"out: cannot create {run.path}: {error.strerror}") from error
+    if not os.access(run.path, os.W_OK):
+        raise ValueError(f"out: {run.path} is not writable")
+    run.lock()
+    try:
+        run.check_new()
+        resolved = config_to_dict(config)
+        resolved["out"] = str(run.path)
+        run.create(resolved, {
+            "task": runtime.task.name, "train_problems": len(runtime.task.train),
+            "eval_problems": len(runtime.task.eval), "device": str(runtime.device),
+            "autocast_bf16": runtime.autocast,
+            "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
+            "parameters": sum(p.numel() for p in runtime.model.parameters()),
+            "torch": torch.__version__, "argv": sys.argv,
+        })
+    except BaseException:
+        run.unlock()
+        raise
+    return run, 0
+
+
+def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The saved config of ``run_dir`` with ``resume`` set; ``overrides`` may change only
+    ``steps``, ``threads``, ``device``, ``log.*`` and ``eval.every`` (anything else would make
+    the continued run a different run); ``out`` may only name the run's own folder."""
+    run = RunDir(run_dir)
+    if not run.is_run():
+        raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
+    config = config_from_dict(run.read_config())
+    allowed = ("steps", "threads", "device", "log.", "eval.every", "resume")
+    for key, value in (overrides or {}).items():
+        if key == "out" and Path(str(value)).resolve() != run.path.resolve():
+            raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
+                             f"out={value}")
+        if key != "out" and not key.startswith(allowed):
+            raise ValueError(f"resume: {key!r} cannot change when resuming; only steps, threads, "
+                             "device, log.* and eval.every can")
+    config_from_dict(dict(overrides or {}), config)
+    config.resume = str(run_dir)
+    config.out = str(run_dir)
+    config.validate()
+    return config
+
+
+def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
+    """Held-out Mean@k / pass@k of ``runtime``'s sampler with ``config.eval``'s settings
+    (training and ``gear-rl eval`` alike)."""
+    from gear_rl.train.evaluate import evaluate
+
+    settings = config.eval
+    return evaluate(runtime.sampler, runtime.tokenizer, runtime.task, k=settings.k,
+                    temperature=settings.temperature, top_p=settings.top_p,
+                    max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                    stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
+                    batch_size=settings.batch_size,
+                    limits=agent_limits(config, runtime.task, evaluation=True),
+                    sandbox=runtime.sandbox)
+
+
+def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
+    """Held-out Mean@k / pass@k of ``config.model`` (or of a checkpoint: a run directory, whose
+    newest intact checkpoint is used, or a ``checkpoints/step-N`` folder) on ``config.task``
+    with the ``config.eval`` settings. Returns :func:`gear_rl.train.evaluate.evaluate`'s dict."""
+    runtime = build_runtime(config, checkpoint=checkpoint, training=False)
+    try:
+        return run_evaluation(config, runtime)
+    finally:
+        runtime.close()

@@ -27,12 +27,10 @@ and sandbox, :mod:`gear_rl.train.runtime`.
 from __future__ import annotations
 
 import math
-import os
 import random
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -40,7 +38,6 @@ import torch
 from transformers import PreTrainedModel
 
 from gear_rl.credit import get_estimator
-from gear_rl.rundir import RunDir
 from gear_rl.signals import (
     TeacherPromptConfig,
     response_logprobs,
@@ -51,10 +48,9 @@ from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.signals.divergence import Estimator as DivergenceEstimator
 from gear_rl.signals.teacher import Placement, ReferenceKind
 from gear_rl.tasks import Problem, Task, check_prompt_lengths
-from gear_rl.train.checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
+from gear_rl.train.checkpoint import save_checkpoint
+from gear_rl.train.config import TrainConfig
 from gear_rl.train.episodes import Rows, collect
-from gear_rl.train.evaluate import evaluate
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
 from gear_rl.train.records import (
     Scores,
@@ -64,7 +60,14 @@ from gear_rl.train.records import (
     sample_records,
     summarize,
 )
-from gear_rl.train.runtime import agent_limits, build_runtime
+from gear_rl.train.runtime import (
+    agent_limits,
+    build_runtime,
+    evaluate_model,
+    open_run,
+    resume_config,
+    run_evaluation,
+)
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -150,8 +153,7 @@ class Trainer:
                 betas=(config.optim.beta1, config.optim.beta2), eps=config.optim.eps,
                 weight_decay=config.optim.weight_decay,
             )
-            self.start_step = 0
-            self.run = self._open_run()
+            self.run, self.start_step = open_run(config, runtime, self.optimizer)
         except BaseException:
             runtime.close()
             raise
@@ -193,60 +195,6 @@ class Trainer:
             self.writer = None
         if getattr(self, "run", None) is not None:
             self.run.unlock()
-
-    def _open_run(self) -> RunDir:
-        """A new run directory, or the resumed one with its latest checkpoint loaded; either
-        way locked for this process until :meth:`close`."""
-        config = self.config
-        if config.resume:
-            run = RunDir(config.resume)
-            if not run.path.is_dir():
-                raise ValueError(f"resume: {run.path} does not exist")
-            run.lock()
-            try:
-                checkpoint = run.latest_checkpoint(verify=True)
-                if checkpoint is None:
-                    raise ValueError(f"resume: {run.path} has no intact checkpoint to resume "
-                                     "from")
-                state = load_checkpoint(checkpoint, self.model, self.optimizer)
-                set_rng_state(state["rng"])
-                self.start_step = int(state["step"])
-                self.runtime.sync_sampler()
-                run.truncate_logs(self.start_step)
-                saved = run.read_config()
-                if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
-                    run.write_config({**saved, "steps": config.steps})
-            except BaseException:
-                run.unlock()
-                raise
-            return run
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run = RunDir(config.out or Path("runs") / f"{stamp}-{config.estimator}-s{config.seed}")
-        if run.path.exists() and not run.path.is_dir():
-            raise ValueError(f"out: {run.path} is a file, not a folder")
-        try:
-            run.path.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise ValueError(f"out: cannot create {run.path}: {error.strerror}") from error
-        if not os.access(run.path, os.W_OK):
-            raise ValueError(f"out: {run.path} is not writable")
-        run.lock()
-        try:
-            run.check_new()
-            resolved = config_to_dict(config)
-            resolved["out"] = str(run.path)
-            run.create(resolved, {
-                "task": self.task.name, "train_problems": len(self.task.train),
-                "eval_problems": len(self.task.eval), "device": str(self.runtime.device),
-                "autocast_bf16": self.runtime.autocast,
-                "sampler_dtype": str(next(self.sampler.parameters()).dtype),
-                "parameters": sum(p.numel() for p in self.model.parameters()),
-                "torch": torch.__version__, "argv": sys.argv,
-            })
-        except BaseException:
-            run.unlock()
-            raise
-        return run
 
     # ------------------------------------------------------------------ helpers
     def _prompts(self, problem: Problem) -> tuple[list[int], list[int]]:
@@ -500,8 +448,7 @@ class Trainer:
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, Any]:
         """Held-out Mean@k / pass@k of the current policy (``eval.*`` settings)."""
-        return _evaluate(self.config, self.sampler, self.tokenizer, self.task,
-                         self.stop_ids, self.pad_id, self.sandbox)
+        return run_evaluation(self.config, self.runtime)
 
     def _eval_record(self, step: int) -> dict[str, Any]:
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -626,52 +573,7 @@ def _progress_postfix(record: dict[str, Any], k: int) -> dict[str, str]:
     return postfix
 
 
-def _evaluate(config: TrainConfig, sampler, tokenizer, task, stop_ids, pad_id,
-              sandbox) -> dict[str, Any]:
-    """Held-out evaluation with ``config.eval``'s settings (training and ``gear-rl eval``)."""
-    settings = config.eval
-    return evaluate(sampler, tokenizer, task, k=settings.k, temperature=settings.temperature,
-                    top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
-                    seed=settings.seed, stop_ids=stop_ids, pad_id=pad_id,
-                    batch_size=settings.batch_size,
-                    limits=agent_limits(config, task, evaluation=True), sandbox=sandbox)
-
-
-def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """The saved config of ``run_dir`` with ``resume`` set; ``overrides`` may change only
-    ``steps``, ``threads``, ``device``, ``log.*`` and ``eval.every`` (anything else would make
-    the continued run a different run)."""
-    run = RunDir(run_dir)
-    if not run.is_run():
-        raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
-    config = config_from_dict(run.read_config())
-    allowed = ("steps", "threads", "device", "log.", "eval.every", "resume")
-    for key, value in (overrides or {}).items():
-        if key == "out" and Path(str(value)).resolve() != run.path.resolve():
-            raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
-                             f"out={value}")
-        if key != "out" and not key.startswith(allowed):
-            raise ValueError(f"resume: {key!r} cannot change when resuming; only steps, threads, "
-                             "device, log.* and eval.every can")
-    config_from_dict(dict(overrides or {}), config)
-    config.resume = str(run_dir)
-    config.out = str(run_dir)
-    config.validate()
-    return config
-
-
 def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:
     """Build a :class:`Trainer` for ``config`` and run it; returns the end summary."""
     return Trainer(config, **kwargs).train()
 
-
-def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
-    """Held-out Mean@k / pass@k of ``config.model`` (or of a checkpoint: a run directory, whose
-    latest checkpoint is used, or a ``checkpoints/step-N`` folder) on ``config.task`` with the
-    ``config.eval`` settings. Returns :func:`gear_rl.train.evaluate.evaluate`'s dict."""
-    runtime = build_runtime(config, checkpoint=checkpoint, training=False)
-    try:
-        return _evaluate(config, runtime.sampler, runtime.tokenizer, runtime.task,
-                         runtime.stop_ids, runtime.pad_id, runtime.sandbox)
-    finally:
-        runtime.close()
