@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gear_rl.agent.tools.sandbox import DEFAULT_PACKAGES
+
 if TYPE_CHECKING:
     from gear_rl.envs.base import TextEnv
 
@@ -50,12 +52,15 @@ class AgentSpec:
         max_turns: policy turns per episode (the trainer's ``agent.max_turns`` overrides it).
         score_text: what the scorer reads: ``"final"`` (the last policy turn) or ``"policy"``
             (every policy turn, observations left out).
+        sandbox_packages: the installed packages tool calls may import (with what they
+            require); everything else in site-packages is invisible to them.
     """
 
     tool: str = "python"
     tool_format: str = "python"
     max_turns: int = 4
     score_text: str = "final"
+    sandbox_packages: tuple[str, ...] = DEFAULT_PACKAGES
 
     def __post_init__(self) -> None:
         if self.tool not in ("python", "none"):

@@ -306,6 +306,9 @@ class AgentConfig:
         sandbox_workers: warm Python workers for tool calls.
         sandbox_timeout_s: wall-time limit of one tool call.
         sandbox_memory_mb: memory limit of one tool call.
+        sandbox_mounts: absolute paths tool calls may read (read-only, at the same path), beyond
+            the interpreter and the task's declared packages; one that overlaps the run
+            directory or the task's data file is refused.
     """
 
     max_turns: int | None = None
@@ -316,6 +319,7 @@ class AgentConfig:
     sandbox_workers: int = 2
     sandbox_timeout_s: float = 5.0
     sandbox_memory_mb: int = 512
+    sandbox_mounts: list[str] = field(default_factory=list)
 
     def validate(self, name: str = "agent") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
@@ -324,6 +328,9 @@ class AgentConfig:
         _at_least(prefix, self, 1, "max_turns", "max_new_tokens_per_turn", "max_response_tokens",
                   "max_observation_tokens", "sandbox_workers", "sandbox_memory_mb")
         _positive(prefix, self, "sandbox_timeout_s")
+        from gear_rl.agent.tools.sandbox import check_mounts
+
+        check_mounts(self.sandbox_mounts, (), name=prefix + "sandbox_mounts")
 
 
 @dataclass

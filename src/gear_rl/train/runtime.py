@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
 __all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "evaluate_model",
-           "open_run", "resolve_device", "resume_config", "run_evaluation"]
+           "open_run", "resolve_device", "resume_config", "run_evaluation", "run_path",
+           "sandbox_secrets", "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -66,16 +67,53 @@ def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -
                        max_observation_tokens=agent.max_observation_tokens)
 
 
-def task_sandbox(task: Task, config: TrainConfig) -> PythonSandbox | None:
+_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def sandbox_secrets(config: TrainConfig, run_dir: str | Path | None) -> list[Path]:
+    """What sandboxed code must never read: the run directory (its samples log every reference
+    answer), the task's data files, the model caches. A declared mount may not overlap the run
+    directory or a data file."""
+    paths: list[Path] = []
+    if run_dir is not None:
+        paths.append(Path(run_dir).absolute())
+    for spec in (config.task, config.eval_data):
+        if spec:
+            candidate = Path(str(spec).split(":", 1)[-1])
+            if candidate.suffix in _DATA_SUFFIXES:
+                paths.append(candidate.absolute())
+    return paths
+
+
+def _model_caches() -> list[Path]:
+    from gear_rl.models import cache_root
+
+    hf = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    return [cache_root().absolute(), hf.absolute()]
+
+
+def task_sandbox(task: Task, config: TrainConfig,
+                 run_dir: str | Path | None = None) -> PythonSandbox | None:
     """A :class:`~gear_rl.agent.tools.PythonSandbox` with ``config.agent``'s limits when
-    ``task`` runs Python tool calls, else None. The caller closes it."""
+    ``task`` runs Python tool calls, else None. The caller closes it.
+
+    The code sees only the interpreter, the task's declared packages and
+    ``agent.sandbox_mounts`` (read-only); the run directory, the folder of runs beside it, the
+    task's data files and the model caches are hidden even where they lie under an exposed
+    directory, and a mount that overlaps the run directory or a data file is refused."""
     if task.agent is None or task.agent.tool != "python":
         return None
-    from gear_rl.agent.tools import PythonSandbox
+    from gear_rl.agent.tools import PythonSandbox, check_mounts
 
+    secrets = sandbox_secrets(config, run_dir)
+    mounts = check_mounts(config.agent.sandbox_mounts, secrets, name="agent.sandbox_mounts")
+    hidden = [*secrets, *_model_caches()]
+    if run_dir is not None:
+        hidden.append(Path(run_dir).absolute().parent)  # other runs log the same answers
     return PythonSandbox(workers=config.agent.sandbox_workers,
                          timeout_s=config.agent.sandbox_timeout_s,
-                         memory_mb=config.agent.sandbox_memory_mb)
+                         memory_mb=config.agent.sandbox_memory_mb,
+                         packages=task.agent.sandbox_packages, mounts=mounts, hidden=hidden)
 
 
 @dataclass
@@ -142,7 +180,8 @@ def _checkpoint_folder(path: str | Path) -> Path:
 
 def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
                   tokenizer: Any = None, task: Task | None = None,
-                  checkpoint: str | Path | None = None, training: bool = True) -> Runtime:
+                  checkpoint: str | Path | None = None, training: bool = True,
+                  run_dir: str | Path | None = None) -> Runtime:
     """Build everything ``config`` names (validated first).
 
     Args:
@@ -152,6 +191,7 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
         checkpoint: weights to load into the policy (a checkpoint folder or a run directory).
         training: keep an fp32 policy beside a bf16 sampler copy; ``False`` (evaluation) casts
             the policy itself to the sampler's dtype.
+        run_dir: the run's folder, hidden from the sandbox of tool-using tasks.
     """
     config.validate()
     if config.threads:
@@ -194,17 +234,29 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     return Runtime(device=device, autocast=autocast, model=model, tokenizer=tokenizer,
                    sampler=sampler, stop_ids=stops, pad_id=int(pad if pad is not None
                                                                else stops[0]),
-                   task=task, sandbox=task_sandbox(task, config))
+                   task=task, sandbox=task_sandbox(task, config, run_dir))
 
 
-def open_run(config: TrainConfig, runtime: Runtime,
-             optimizer: torch.optim.Optimizer) -> tuple[RunDir, int]:
+def run_path(config: TrainConfig) -> Path:
+    """The run directory ``config`` names: ``resume``, else ``out``, else
+    ``runs/<time>-<estimator>-s<seed>``."""
+    if config.resume:
+        return Path(config.resume)
+    if config.out:
+        return Path(config.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{stamp}-{config.estimator}-s{config.seed}"
+
+
+def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optimizer,
+             path: str | Path | None = None) -> tuple[RunDir, int]:
     """The run directory of ``config``, locked for this process, and the step it continues
     after: a new one (``out``, refusing any folder whose files it would overwrite), or, with
     ``resume``, the existing run with its newest intact checkpoint loaded into the policy and
     ``optimizer`` (RNG states restored, logs after that step dropped)."""
+    path = Path(path) if path is not None else run_path(config)
     if config.resume:
-        run = RunDir(config.resume)
+        run = RunDir(path)
         if not run.path.is_dir():
             raise ValueError(f"resume: {run.path} does not exist")
         run.lock()
@@ -226,8 +278,7 @@ def open_run(config: TrainConfig, runtime: Runtime,
             run.unlock()
             raise
         return run, step
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    run = RunDir(config.out or Path("runs") / f"{stamp}-{config.estimator}-s{config.seed}")
+    run = RunDir(path)
     if run.path.exists() and not run.path.is_dir():
         raise ValueError(f"out: {run.path} is a file, not a folder")
     try:
@@ -248,6 +299,8 @@ def open_run(config: TrainConfig, runtime: Runtime,
             "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
             "parameters": sum(p.numel() for p in runtime.model.parameters()),
             "torch": torch.__version__, "argv": sys.argv,
+            "sandbox_not_enforced": (None if runtime.sandbox is None
+                                     else runtime.sandbox.not_enforced),
         })
     except BaseException:
         run.unlock()

@@ -67,6 +67,7 @@ from gear_rl.train.runtime import (
     open_run,
     resume_config,
     run_evaluation,
+    run_path,
 )
 
 if TYPE_CHECKING:
@@ -123,7 +124,9 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.estimator = get_estimator(config.estimator)
         self.credit_config = self.estimator.make_config(**config.credit)
-        self.runtime = build_runtime(config, model=model, tokenizer=tokenizer, task=task)
+        path = run_path(config)  # fixed first: the sandbox hides it
+        self.runtime = build_runtime(config, model=model, tokenizer=tokenizer, task=task,
+                                     run_dir=path)
         runtime = self.runtime
         self.model, self.tokenizer, self.task = runtime.model, runtime.tokenizer, runtime.task
         self.stop_ids, self.pad_id = runtime.stop_ids, runtime.pad_id
@@ -153,7 +156,7 @@ class Trainer:
                 betas=(config.optim.beta1, config.optim.beta2), eps=config.optim.eps,
                 weight_decay=config.optim.weight_decay,
             )
-            self.run, self.start_step = open_run(config, runtime, self.optimizer)
+            self.run, self.start_step = open_run(config, runtime, self.optimizer, path)
         except BaseException:
             runtime.close()
             raise
