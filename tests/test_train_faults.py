@@ -68,7 +68,7 @@ def test_non_finite_or_degenerate_knobs_are_refused(override: str) -> None:
 def test_non_finite_training_stops_before_the_checkpoint(tmp_path) -> None:
     # a finite learning rate so large that step 1's update overflows the model's activations:
     # step 2's loss is not finite
-    trainer = tiny_trainer(tmp_path / "run", "estimator=grpo", "optim.lr=1e30", "steps=3",
+    trainer = tiny_trainer(tmp_path / "run", "estimator=grpo", "optim.lr=1e10", "steps=3",
                            "log.checkpoint_every=1")
     with pytest.raises(NonFiniteTrainingError,
                        match=r"step 2: the loss is not finite.*last good checkpoint is "
@@ -247,3 +247,12 @@ def test_a_flipped_byte_is_caught_by_the_checksum(tmp_path) -> None:
     (folder / "optimizer.pt").write_bytes(bytes(data))
     assert checkpoint_problem(folder) == "optimizer.pt does not match its checksum"
     assert checkpoint_problem(run / "checkpoints" / "step-000001") is None
+
+
+def test_weights_blown_up_by_one_update_stop_that_step(tmp_path) -> None:
+    # lr 1e30: step 1's update leaves weights near 1e30 (their norm overflows float32)
+    trainer = tiny_trainer(tmp_path / "run", "estimator=grpo", "optim.lr=1e30",
+                           "log.checkpoint_every=1")
+    with pytest.raises(NonFiniteTrainingError, match=r"step 1: the weights' norm"):
+        trainer.train()
+    assert trainer.run.latest_checkpoint() is None and trainer.run.read_metrics() == []
