@@ -29,6 +29,7 @@ OUTPUT_ADVANTAGES, OUTPUT_ONSETS, OUTPUT_WEIGHTS = 0, 1, 2
 # Per-row status codes the kernel reports; the caller turns them into ValueErrors.
 STATUS_OK, STATUS_DIVERGENCE, STATUS_ENTROPY, STATUS_MASK = 0, 1, 2, 3
 RANGE_EPS = 1e-8  # docs/design.md step 3: a range below this normalises to 0
+_BIG = float(np.finfo(np.float64).max)  # finite min/max sentinel (see _row_range)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,34 +130,75 @@ def gear_kernel(divergence, entropy, mask, advantages, segmentation, normalize, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _gear_row(b, length, divergence, entropy, mask, advantages, segmentation, normalize,
-              lambda_kl, lambda_h, alpha, beta, window, sign_aware, mean_preserving, output,
-              out_float, out_onsets):  # pragma: no cover - compiled
-    # Pass 1: validate, and the min/max over policy tokens (step 3).
-    d_low, d_high, h_low, h_high = np.inf, -np.inf, np.inf, -np.inf
-    count = 0
+def _row_status(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
+    """The status of a row known to hold a bad value: the first bad token decides, divergence
+    before entropy before mask (the slow path; rows are checked branch-free first)."""
     for t in range(length):
-        d = divergence[b, t]
-        h = entropy[b, t]
         m = mask[b, t]
-        if not math.isfinite(d):
+        if not math.isfinite(divergence[b, t]):
             return 1
-        if not math.isfinite(h):
+        if not math.isfinite(entropy[b, t]):
             return 2
         if m != 0 and m != 1:
             return 3
-        if m != 0:
-            count += 1
-            d_low = min(d_low, d)
-            d_high = max(d_high, d)
-            h_low = min(h_low, h)
-            h_high = max(h_high, h)
-    d_low64 = np.float64(d_low)
-    d_span = np.float64(d_high) - d_low64
+    return 0
+
+
+@numba.njit(cache=True, nogil=True)
+def _row_valid(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
+    """Whether every divergence and entropy of the row is finite and every mask value 0 or 1."""
+    bad = False
+    for t in range(length):
+        m = mask[b, t]
+        # abs(x) < inf is False exactly for inf and NaN
+        bad |= (not (abs(divergence[b, t]) < np.inf)) | (not (abs(entropy[b, t]) < np.inf)) | (
+            (m != 0) & (m != 1))
+    return not bad
+
+
+# nnan/ninf hold: only rows that passed _row_valid come here, and the sentinels are finite
+# (DBL_MAX); min/max are exact in any order, so these flags only let the loop vectorise.
+@numba.njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+def _row_range(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
+    """float64 min and max of the row's divergence and entropy over policy tokens, and their
+    count (an empty row gives the sentinels, unused: it normalises to 0)."""
+    big = _BIG
+    d_low, d_high, h_low, h_high = big, -big, big, -big
+    count = 0
+    for t in range(length):
+        d = np.float64(divergence[b, t])
+        h = np.float64(entropy[b, t])
+        policy = mask[b, t] != 0
+        count += policy
+        d_low = min(d_low, d if policy else big)
+        d_high = max(d_high, d if policy else -big)
+        h_low = min(h_low, h if policy else big)
+        h_high = max(h_high, h if policy else -big)
+    return d_low, d_high, h_low, h_high, count
+
+
+@numba.njit(cache=True, nogil=True)
+def _gear_row(b, length, divergence, entropy, mask, advantages, segmentation, normalize,
+              lambda_kl, lambda_h, alpha, beta, window, sign_aware, mean_preserving, output,
+              out_float, out_onsets):  # pragma: no cover - compiled
+    # Pass 1: validate, then the min/max over policy tokens (step 3); both loops branch-free
+    # reductions that vectorise. A row holding a bad value is located token by token after.
+    if not _row_valid(b, length, divergence, entropy, mask):
+        return _row_status(b, length, divergence, entropy, mask)
+    d_low, d_high, h_low, h_high, count = _row_range(b, length, divergence, entropy, mask)
+    d_low64 = d_low
+    d_span = d_high - d_low64
     d_zero = count == 0 or (normalize == 0 and d_span < RANGE_EPS) or (
-        normalize == 1 and np.float64(d_high) < RANGE_EPS)
-    h_low64 = np.float64(h_low)
-    h_span = np.float64(h_high) - h_low64
+        normalize == 1 and d_high < RANGE_EPS)
+    # n = (d - offset) / scale is bit-identical to each mode's formula (x - 0.0 == x, x / 1.0 == x)
+    if normalize == 0:
+        offset, scale = d_low64, d_span
+    elif normalize == 1:
+        offset, scale = 0.0, d_high
+    else:
+        offset, scale = 0.0, 1.0
+    h_low64 = h_low
+    h_span = h_high - h_low64
     h_zero = count == 0 or h_span < RANGE_EPS
 
     a = np.float64(advantages[b])
@@ -164,79 +206,135 @@ def _gear_row(b, length, divergence, entropy, mask, advantages, segmentation, no
         sign = 1 if a > 0 else (-1 if a < 0 else 0)
     else:
         sign = 1
-    trailing = np.zeros(window, dtype=np.float64)
+    if output == 1:
+        factor = 1.0  # unused
+    elif output == 2 or mean_preserving:
+        factor = 1.0  # weights; scaled by A after the mean, below
+    else:
+        factor = a
+    # Loop-invariant switches of the scan, so its body needs no data-dependent branch.
+    can_open = segmentation != 0
+    reopen = segmentation == 2  # kl_only: a spike inside a segment opens the next one
+    can_close = segmentation != 2
+    entropy_signal = segmentation == 3
 
-    # Pass 2: scan (step 4), score (5), weight (6), rescale (7).
-    in_segment = False
-    onset = -1
-    onset_score = 0.0
-    threshold = 0.0
-    seen = 0  # policy tokens after the onset (entropy_window)
-    weight_sum = 0.0
-    for t in range(length):
-        if mask[b, t] == 0:
-            if output == 1:
-                out_onsets[b, t] = -1
-            else:
-                out_float[b, t] = 0.0
-            continue
-        if d_zero:
-            n = 0.0
-        elif normalize == 0:
-            n = (np.float64(divergence[b, t]) - d_low64) / d_span
-        elif normalize == 1:
-            n = np.float64(divergence[b, t]) / np.float64(d_high)
-        else:
-            n = np.float64(divergence[b, t])
-        h = np.float64(entropy[b, t])
-
-        closes = False  # this token is its segment's last (the scan resumes after it)
-        if in_segment and segmentation == 2:
-            if n > lambda_kl:
-                onset, onset_score = t, n  # kl_only: the next spike opens the next segment
-        elif in_segment:
-            if segmentation == 4:
-                trailing[seen % window] = h
-                seen += 1
-                k = min(seen, window)
-                total = 0.0
-                for q in range(seen - k, seen):  # oldest first, as the reference sums
-                    total += trailing[q % window]
-                closes = total / k > threshold
-            else:
-                closes = h > threshold
-        else:
-            if segmentation == 3:
-                signal = 0.0 if h_zero else (h - h_low64) / h_span
-            else:
-                signal = n
-            if segmentation != 0 and signal > lambda_kl:
-                in_segment = True
-                onset, onset_score = t, n
-                threshold = lambda_h * h
-                seen = 0
-
-        score = onset_score if in_segment else n
-        weight = _weight(score, sign, alpha, beta)
-        weight_sum += weight
-        if output == 1:
-            out_onsets[b, t] = onset if in_segment else -1
-        elif output == 2 or mean_preserving:
-            out_float[b, t] = weight  # scaled by A after the mean, below
-        else:
-            out_float[b, t] = weight * a
-        if closes:
-            in_segment = False
+    # Pass 2: scan (step 4), score (5), weight (6), rescale (7), with selects for the state.
+    if segmentation == 4:
+        weight_sum = _scan_window(b, length, divergence, entropy, mask, d_zero, offset, scale,
+                                  lambda_kl, lambda_h, window, sign, alpha, beta, factor,
+                                  output, out_float, out_onsets)
+    else:
+        weight_sum = _scan(b, length, divergence, entropy, mask, d_zero, offset, scale,
+                           h_zero, h_low64, h_span, lambda_kl, lambda_h, can_open, reopen,
+                           can_close, entropy_signal, sign, alpha, beta, factor, output,
+                           out_float, out_onsets)
 
     if mean_preserving and output != 1:
         mean_weight = weight_sum / count if count > 0 else 1.0
         if abs(mean_weight) <= 1e-12:
             mean_weight = 1.0  # all weights ~0: nothing to preserve, and never divide by ~0
-        scale = a if output == 0 else 1.0
+        scale_a = a if output == 0 else 1.0
         for t in range(length):
             if mask[b, t] != 0:
-                out_float[b, t] = (np.float64(out_float[b, t]) / mean_weight) * scale
+                out_float[b, t] = (np.float64(out_float[b, t]) / mean_weight) * scale_a
     return 0
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scan(b, length, divergence, entropy, mask, d_zero, offset, scale, h_zero, h_low64, h_span,
+          lambda_kl, lambda_h, can_open, reopen, can_close, entropy_signal, sign, alpha, beta,
+          factor, output, out_float, out_onsets):  # pragma: no cover - compiled
+    """Scan of every mode but ``entropy_window``; returns the sum of the policy weights."""
+    in_segment = False
+    onset = -1
+    onset_score = 0.0
+    threshold = 0.0
+    weight_sum = 0.0
+    for t in range(length):
+        policy = mask[b, t] != 0
+        d = np.float64(divergence[b, t])
+        h = np.float64(entropy[b, t])
+        n = 0.0 if d_zero else (d - offset) / scale
+        if entropy_signal:
+            signal = 0.0 if h_zero else (h - h_low64) / h_span
+        else:
+            signal = n
+        opens = policy & can_open & (signal > lambda_kl) & (reopen | (not in_segment))
+        closes = policy & in_segment & can_close & (h > threshold)
+        onset = t if opens else onset
+        onset_score = n if opens else onset_score
+        threshold = lambda_h * h if opens else threshold
+        inside = in_segment | opens
+        score = onset_score if inside else n
+        weight = _weight(score, sign, alpha, beta)
+        weight_sum += weight if policy else 0.0
+        if output == 1:
+            out_onsets[b, t] = onset if inside & policy else -1
+        else:
+            out_float[b, t] = weight * factor if policy else 0.0
+        in_segment = inside & (not closes)
+    return weight_sum
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _scan_window(b, length, divergence, entropy, mask, d_zero, offset, scale, lambda_kl,
+                 lambda_h, window, sign, alpha, beta, factor, output, out_float,
+                 out_onsets):  # pragma: no cover - compiled
+    """Scan of ``entropy_window``; returns the sum of the policy weights.
+
+    The trailing mean of the k = min(seen, window) policy entropies after the onset is summed
+    oldest first, as the reference does: while seen <= window that sum is a running sum reset
+    at the onset; after, it is the full-window sum over the last ``window`` policy entropies,
+    which does not depend on the scan's state (so it is computed for every token, off the
+    scan's dependency chain)."""
+    # policy entropies in order, after ``window`` zeros (so the full window never underflows)
+    history = np.zeros(length + window, dtype=np.float64)
+    p = window  # next slot of ``history``
+    in_segment = False
+    onset = -1
+    onset_score = 0.0
+    threshold = 0.0
+    seen = 0  # policy tokens after the onset, saturating at ``window``
+    running = 0.0  # sum of the ``seen`` entropies after the onset, oldest first
+    weight_sum = 0.0
+    inv_window = np.float64(window)
+    for t in range(length):
+        policy = mask[b, t] != 0
+        d = np.float64(divergence[b, t])
+        h = np.float64(entropy[b, t])
+        n = 0.0 if d_zero else (d - offset) / scale
+        history[p] = h
+        p += policy
+
+        step = policy & in_segment
+        seen_now = min(seen + 1, window) if step else seen
+        running_now = running + h if step else running
+        if step & (seen_now >= window):  # changes only at segment ends: predictable
+            total = 0.0
+            for q in range(p - window, p):  # oldest first
+                total += history[q]
+            k = inv_window
+        else:
+            total = running_now
+            k = np.float64(max(seen_now, 1))
+        closes = step & (total / k > threshold)
+
+        opens = policy & (n > lambda_kl) & (not in_segment)
+        onset = t if opens else onset
+        onset_score = n if opens else onset_score
+        threshold = lambda_h * h if opens else threshold
+        seen = 0 if opens else seen_now
+        running = 0.0 if opens else running_now
+        inside = in_segment | opens
+        score = onset_score if inside else n
+        weight = _weight(score, sign, alpha, beta)
+        weight_sum += weight if policy else 0.0
+        if output == 1:
+            out_onsets[b, t] = onset if inside & policy else -1
+        else:
+            out_float[b, t] = weight * factor if policy else 0.0
+        in_segment = inside & (not closes)
+    return weight_sum
 
 
 @numba.njit(cache=True, inline="always")
