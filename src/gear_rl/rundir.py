@@ -247,20 +247,32 @@ class RunDir:
             self._lock.close()
             self._lock = None
 
-    def check_new(self) -> None:
-        """Refuse a folder that a new run must not write into: a file, a folder holding
-        another run, or a non-empty folder that is not a run (its files would be
-        overwritten)."""
+    def claim_new(self) -> None:
+        """Make this folder a new run's and lock it (:meth:`lock`), refusing one a new run must
+        not write into: a file, an unwritable path, a folder holding another run, or a
+        non-empty folder that is not a run (its files would be overwritten). The lock comes
+        before the contents check, so a second trainer is told the folder is in use."""
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"out: {self.path} is a file, not a folder")
-        if self.has_checkpoint():
-            raise ValueError(f"out: {self.path} already holds a run; pass resume={self.path} to "
-                             "continue it, or choose another out")
-        if self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
-            what = ("holds a run that stopped before its first checkpoint" if self.is_run()
-                    else "is not empty and holds no gear-rl run")
-            raise ValueError(f"out: {self.path} {what}; its files would be overwritten: remove "
-                             "it or choose another out")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"out: cannot create {self.path}: {error.strerror}") from error
+        if not os.access(self.path, os.W_OK):
+            raise ValueError(f"out: {self.path} is not writable")
+        self.lock()
+        try:
+            if self.has_checkpoint():
+                raise ValueError(f"out: {self.path} already holds a run; pass "
+                                 f"resume={self.path} to continue it, or choose another out")
+            if any(p.name != LOCK for p in self.path.iterdir()):
+                what = ("holds a run that stopped before its first checkpoint" if self.is_run()
+                        else "is not empty and holds no gear-rl run")
+                raise ValueError(f"out: {self.path} {what}; its files would be overwritten: "
+                                 "remove it or choose another out")
+        except BaseException:
+            self.unlock()
+            raise
 
     # ---- writing
     def create(self, config: dict[str, Any], info: dict[str, Any]) -> None:

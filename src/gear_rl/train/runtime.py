@@ -279,17 +279,8 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
             raise
         return run, step
     run = RunDir(path)
-    if run.path.exists() and not run.path.is_dir():
-        raise ValueError(f"out: {run.path} is a file, not a folder")
+    run.claim_new()
     try:
-        run.path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"out: cannot create {run.path}: {error.strerror}") from error
-    if not os.access(run.path, os.W_OK):
-        raise ValueError(f"out: {run.path} is not writable")
-    run.lock()
-    try:
-        run.check_new()
         resolved = config_to_dict(config)
         resolved["out"] = str(run.path)
         run.create(resolved, {
