@@ -331,8 +331,7 @@ class Trainer:
                 counts = [self.estimator.update_token_count(scores.mask[micro],
                                                             self.credit_config)
                           for micro in micros]
-                num_selected = (None if None in counts
-                                else float(sum(c for c in counts if c is not None)))
+                num_selected = None if None in counts else float(sum(cast(list[float], counts)))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micros:
                     parts, stats = self._micro_loss(batch, scores, advantages, micro,
