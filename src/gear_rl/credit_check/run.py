@@ -1,0 +1,833 @@
+"""A credit check end to end: sample trajectories in prompt groups, estimate their Monte-Carlo
+truth, score every applicable estimator and the variants asked for, write the results.
+
+1. **Trajectories.** ``groups`` problems of the task (a seeded draw), K responses each, sampled
+   by the trainer's own rollout (:func:`gear_rl.train.episodes.collect` with the run's sampler,
+   temperature, top-p and ``max_new_tokens``), in batches of ``rollout.prompts_per_step`` groups
+   as in a training step. Saved once to ``trajectories.json``.
+2. **Truth.** For ``per_group`` trajectories of each mixed group: ``V`` at the chosen
+   boundaries from ``continuations`` continuations per boundary and replicate
+   (:func:`gear_rl.credit_check.values.estimate_prefix_values`). Each trajectory's record is
+   appended to ``values.jsonl`` as it completes; a restart skips the recorded ones, and every
+   trajectory's random streams depend only on the seed and its row, so a resumed check gives
+   the uninterrupted one's numbers.
+3. **Signals and credit.** The trainer's signal pass (:func:`gear_rl.signals.token_signals`:
+   student log-probs and entropy, teacher log-probs and divergence) on every row, once per
+   distinct signal setting, and every estimator on :class:`~gear_rl.credit.CreditBatch` es of
+   the same batches a training step would form.
+4. **Scores** (:mod:`gear_rl.credit_check.scores`) and the outputs
+   (:mod:`gear_rl.credit_check.output`).
+
+Single-turn tasks only: an agent task's episode would have to be continued from a prefix that
+may end inside a turn, which the episode loop cannot resume (see :func:`check_task`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import torch
+
+from gear_rl.credit import CreditBatch, Estimator, estimator_names, gear_segments, get_estimator
+from gear_rl.credit.config import OutcomeConfig
+from gear_rl.credit.grpo import outcome_advantages
+from gear_rl.credit_check.config import CreditCheckConfig, Variant
+from gear_rl.credit_check.scores import (
+    Interval,
+    TrajectoryUnits,
+    paired_difference,
+    score_estimate,
+    span_shares,
+    span_sums,
+    truth_summary,
+)
+from gear_rl.credit_check.values import (
+    PrefixValues,
+    RewardFn,
+    choose_boundaries,
+    estimate_prefix_values,
+    shared_prefix_available,
+)
+from gear_rl.rundir import RunDir, append_jsonl, atomic_write_text, read_jsonl
+from gear_rl.signals import TeacherPromptConfig, teacher_prompt_ids, token_signals
+from gear_rl.signals import prompt_ids as build_prompt_ids
+from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
+from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
+from gear_rl.train.episodes import collect, decode_response
+
+__all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
+           "check_task", "credit_check", "plan_rows", "run_check_config", "task_reward_fn"]
+
+CREDIT_CHECK_DIR = "credit_check"
+"""Where ``gear-rl credit-check RUN_DIR`` writes by default (``RUN_DIR/credit_check/``), and
+where ``gear-rl report`` looks for it."""
+RESULT_JSON = "credit_check.json"
+RESULT_MD = "credit_check.md"
+PLOT = "credit_check.png"
+STATE = "trajectories.json"
+VALUES = "values.jsonl"
+_LOCK = ".lock"
+# What every single-turn trajectory provides an estimator (all of CreditBatch's signals).
+_PROVIDED = frozenset({"divergence", "entropy", "student_logprobs", "teacher_logprobs"})
+
+
+def _seed(*parts: int) -> int:
+    """A 63-bit seed derived from ``parts`` (numpy's SeedSequence hashing)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0]
+               >> np.uint64(1))
+
+
+def check_task(task: Task) -> None:
+    """Refuse tasks the credit check cannot continue: environment tasks, agent (tool) tasks and
+    a task without a scorer, each with what is missing."""
+    if task.env is not None:
+        raise ValueError(
+            f"task {task.name!r} is an environment task: its outcome comes from the game, and "
+            "continuing an episode from a prefix would need the environment's state at that "
+            "token (an environment snapshot per boundary), which gear_rl.envs does not offer; "
+            "the credit check runs single-turn tasks")
+    if task.agent is not None:
+        raise ValueError(
+            f"task {task.name!r} is an agent task (tool calls): continuing its episode from a "
+            "prefix needs the episode loop (gear_rl.agent.run_agent, via "
+            "gear_rl.train.episodes.collect) to resume mid-episode: take the turns, "
+            "observations and token budget already spent, and a policy turn cut in the middle "
+            "(its tool call parsed from the prefix and the continuation together). The loop "
+            "starts episodes only, so the credit check runs single-turn tasks")
+    if not callable(getattr(task, "scorer", None)):
+        raise ValueError(f"task {task.name!r} has no scorer (Task.scorer is "
+                         f"{getattr(task, 'scorer', None)!r}): the truth is the expected score "
+                         "of continuations, so the task must score a response")
+
+
+def task_reward_fn(task: Task, problem: Problem, tokenizer: Any) -> RewardFn:
+    """The trainer's reward of a single-turn response: the task's score of its decoded text
+    (end-of-turn token stripped), as :func:`gear_rl.train.episodes.collect` computes it."""
+
+    def reward(response_ids: Sequence[int], finished: bool) -> float:
+        return task.score(problem, decode_response(tokenizer, response_ids, finished))
+
+    return reward
+
+
+@dataclass
+class EstimatorRow:
+    """One scored reading: an estimator, its config and its signal settings.
+
+    Attributes:
+        label: the row's name (the estimator's, a variant's, or ``run:<estimator>``).
+        estimator: the registered estimator.
+        config: its config.
+        signals: the signal settings it sees.
+        variant: True for a variant asked for.
+    """
+
+    label: str
+    estimator: Estimator
+    config: Any
+    signals: SignalConfig
+    variant: bool = False
+
+
+def _inapplicable(estimator: Estimator) -> str | None:
+    """Why a single-turn task cannot give ``estimator`` what it needs (None: it can)."""
+    if not estimator.uses_reward:
+        return ("its credit is a distillation loss, not an advantage (uses_reward=False): "
+                "there is no per-token advantage to score")
+    if estimator.step_level:
+        return ("it assigns credit per turn from step spans (and state keys), which only "
+                "multi-turn tasks have; this task is single-turn")
+    missing = sorted(set(estimator.needs) - _PROVIDED)
+    if missing:
+        return f"it needs {missing}, which the signal pass does not provide"
+    return None
+
+
+def plan_rows(check: CreditCheckConfig, config: TrainConfig
+              ) -> tuple[list[EstimatorRow], dict[str, str]]:
+    """The rows to score and the registered estimators left out (name -> why).
+
+    ``check.estimators`` None: every registered estimator a single-turn task can feed, with its
+    default config and the run's signals, plus ``run:<estimator>`` with the run's ``credit``
+    settings when it has any. Named estimators and variants that cannot run raise
+    ``ValueError`` naming what they miss.
+    """
+    config.credit_estimator()  # plugins first: they may register estimators
+    check.validate()
+    rows: list[EstimatorRow] = []
+    skipped: dict[str, str] = {}
+    names = estimator_names() if check.estimators is None else list(check.estimators)
+    for name in names:
+        estimator = get_estimator(name)
+        why = _inapplicable(estimator)
+        if why is not None:
+            if check.estimators is not None:
+                raise ValueError(f"estimator {name!r} cannot be scored here: {why}")
+            skipped[name] = why
+            continue
+        rows.append(EstimatorRow(name, estimator, estimator.make_config(), config.signals))
+    if config.credit and config.estimator not in skipped:
+        run_estimator = get_estimator(config.estimator)
+        if _inapplicable(run_estimator) is None:
+            rows.append(EstimatorRow(f"run:{config.estimator}", run_estimator,
+                                     config.credit_config(run_estimator), config.signals))
+    taken = {row.label for row in rows}
+    for name, variant in check.variants.items():
+        variant = cast(Variant, variant)
+        if name in taken:
+            raise ValueError(f"variant name {name!r} is already a row (a registered estimator "
+                             "or another variant); choose another name")
+        estimator = get_estimator(variant.estimator)
+        why = _inapplicable(estimator)
+        if why is not None:
+            raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
+                             f"scored here: {why}")
+        try:
+            credit = estimator.make_config(**dict(variant.credit))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"variant.{name}.credit: {error}") from error
+        rows.append(EstimatorRow(name, estimator, credit,
+                                 variant.signal_config(config.signals, name), variant=True))
+        taken.add(name)
+    # the default reference (gear) may be absent (estimators=...); one asked for must be a row
+    if (check.reference is not None and check.reference not in taken
+            and check.reference != CreditCheckConfig.reference):
+        raise ValueError(f"reference {check.reference!r} is not a scored row; rows: "
+                         f"{sorted(taken)}")
+    return rows, skipped
+
+
+@dataclass
+class CreditCheckResult:
+    """What :func:`credit_check` produced.
+
+    Attributes:
+        out: the output folder.
+        complete: every chosen trajectory has its truth (False: the token budget stopped it).
+        data: what ``credit_check.json`` holds (settings, scores, trajectories).
+        table: the markdown table of scores (as printed).
+        markdown, json, plot: the files written (``plot`` None when nothing was drawn).
+    """
+
+    out: Path
+    complete: bool
+    data: dict[str, Any]
+    table: str
+    markdown: Path
+    json: Path
+    plot: Path | None = None
+
+
+def run_check_config(run_dir: str | Path, overrides: dict[str, Any] | None = None
+                     ) -> tuple[TrainConfig, Path, int]:
+    """The config of a training run, its newest intact checkpoint and that checkpoint's step.
+
+    ``overrides`` may set only what does not change the sampler, the task or the signals:
+    ``device``, ``threads``, ``precision``, ``rollout.batch_size``, ``signals.batch_size``,
+    ``signals.chunk_size``, ``plugins``. Raises ``ValueError`` for a folder that is not a run,
+    a run without a checkpoint, or another override.
+    """
+    run = RunDir(run_dir)
+    if not run.path.is_dir():
+        raise ValueError(f"run directory {str(run.path)!r} does not exist")
+    if not run.is_run():
+        raise ValueError(f"{run.path} is not a gear-rl run directory (no config.yaml); give a "
+                         "run directory, or model=... task=... to check a model")
+    checkpoint = run.latest_checkpoint(verify=True)
+    if checkpoint is None:
+        raise ValueError(f"{run.path} has no intact checkpoint (the run stopped before its "
+                         "first one?); to check the run's starting weights pass model=... "
+                         "task=... instead of the run directory")
+    config = config_from_dict(run.read_config())
+    config.resume = None
+    config.out = None
+    allowed = ("device", "threads", "precision", "rollout.batch_size", "signals.batch_size",
+               "signals.chunk_size", "plugins")
+    for key in overrides or {}:
+        if key not in allowed:
+            raise ValueError(f"{key!r} cannot change when checking a run (the truth is the "
+                             f"run's own sampler, task and signals); allowed: "
+                             f"{', '.join(allowed)}; other signal settings are variants "
+                             "(variant.NAME.signals.KEY=...)")
+    config_from_dict(dict(overrides or {}), config)
+    config.validate()
+    state = checkpoint / "state.json"
+    step = int(json.loads(state.read_text())["step"]) if state.is_file() else 0
+    return config, checkpoint, step
+
+
+# ------------------------------------------------------------------------------ the folder
+def _open_out(out: Path) -> RunDir:
+    """Lock ``out`` for this check, refusing a run directory or a foreign non-empty folder."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out: {out} is a file, not a folder")
+    if RunDir(out).is_run():
+        raise ValueError(f"out: {out} is a training run's folder; the check writes its own "
+                         f"files (default RUN_DIR/{CREDIT_CHECK_DIR})")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"out: cannot create {out}: {error.strerror}") from error
+    ours = {STATE, VALUES, RESULT_JSON, RESULT_MD, PLOT, _LOCK}
+    foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")]
+    if foreign and not (out / STATE).is_file():
+        raise ValueError(f"out: {out} is not empty and holds no credit check ({foreign[0]}, "
+                         "...); choose another out")
+    folder = RunDir(out)
+    try:
+        folder.lock()
+    except ValueError:
+        raise ValueError(f"out: {out} is in use by another credit check; wait for it or "
+                         "choose another out") from None
+    return folder
+
+
+def _settings_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = sorted(set(saved) | set(current))
+    return [f"{key}: {saved.get(key)!r} there, {current.get(key)!r} now" for key in keys
+            if saved.get(key) != current.get(key)]
+
+
+def _read_values(path: Path) -> dict[int, dict[str, Any]]:
+    """The recorded trajectories of ``values.jsonl`` by row; a half-written last line (a kill
+    mid-write) is dropped and the file rewritten without it, so appends start on a new line."""
+    if not path.is_file():
+        return {}
+    records = read_jsonl(path, drop_partial_last=True)
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+    return {int(r["row"]): r for r in records}
+
+
+# ------------------------------------------------------------------------------ signals
+def _pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    if tensor.shape[1] >= length:
+        return tensor[:, :length]
+    return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]))
+
+
+def _teacher_config(settings: SignalConfig) -> TeacherPromptConfig:
+    template = ({} if settings.answer_template is None
+                else {"answer_template": settings.answer_template})
+    return TeacherPromptConfig(placement=cast(Any, settings.placement), **template)
+
+
+def _signal_key(settings: SignalConfig) -> tuple[Any, ...]:
+    return (settings.divergence, settings.topk, settings.placement, settings.answer_template)
+
+
+@torch.no_grad()
+def _signals(runtime: Any, temperature: float, settings: SignalConfig,
+             rows: list[dict[str, Any]], problems: list[Problem]) -> dict[str, torch.Tensor]:
+    """The trainer's no-grad signal pass (``Trainer.score``) over ``rows``: ``[N, T]`` CPU
+    float32 student log-probs, entropy, teacher log-probs, divergence and mask."""
+    teacher = _teacher_config(settings)
+    length = max(len(r["response_ids"]) for r in rows)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, len(rows), settings.batch_size):
+        chunk = list(range(start, min(start + settings.batch_size, len(rows))))
+        teachers = [teacher_prompt_ids(runtime.tokenizer, problems[i].prompt,
+                                       problems[i].reference,
+                                       kind=cast(Any, problems[i].reference_kind),
+                                       config=teacher) for i in chunk]
+        with runtime.autocast_context():
+            sig = token_signals(runtime.model, [rows[i]["prompt_ids"] for i in chunk], teachers,
+                                [rows[i]["response_ids"] for i in chunk],
+                                temperature=temperature,
+                                estimator=cast(Any, settings.divergence), topk=settings.topk,
+                                chunk_size=settings.chunk_size)
+        for name in ("student_logprobs", "entropy", "teacher_logprobs", "divergence", "mask"):
+            parts.setdefault(name, []).append(_pad(getattr(sig, name).float().cpu(), length))
+    return {name: torch.cat(values) for name, values in parts.items()}
+
+
+def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: torch.Tensor,
+                groups: list[int], batches: list[list[int]], step: int) -> torch.Tensor:
+    """``[N, T]`` the row's token advantages, computed batch by batch as a training step
+    would (a batch-level rule such as top-entropy's cut sees one step's groups)."""
+    out = torch.zeros_like(signals["mask"])
+    for members in batches:
+        index = torch.tensor(members)
+        batch = CreditBatch(
+            rewards=rewards[index], group_ids=[groups[i] for i in members],
+            mask=signals["mask"][index], divergence=signals["divergence"][index],
+            entropy=signals["entropy"][index],
+            student_logprobs=signals["student_logprobs"][index],
+            teacher_logprobs=signals["teacher_logprobs"][index], step=step,
+            applies_update_mask=True)
+        advantages = row.estimator(batch, row.config).float()
+        # an update-time selection (top-entropy's micro_batch) keeps only the tokens it
+        # selects by the policy's entropy, here over the whole step batch
+        selected = row.estimator.select_for_update(signals["entropy"][index], batch.mask,
+                                                   row.config)
+        if selected is not None:
+            advantages = advantages * selected.to(advantages.dtype)
+        out[index] = advantages.cpu()
+    return out
+
+
+# ------------------------------------------------------------------------------ the check
+def _draw_problems(task: Task, check: CreditCheckConfig) -> tuple[list[int], Sequence[Problem]]:
+    pool = task.train if check.split == "train" else task.eval
+    if check.groups > len(pool):
+        raise ValueError(f"groups={check.groups} exceeds the task's {len(pool)} {check.split} "
+                         "problems")
+    order = list(range(len(pool)))
+    random.Random(_seed(check.seed, 17)).shuffle(order)
+    return order[:check.groups], pool
+
+
+def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: Task,
+            chosen: list[int], pool: Sequence[Problem]) -> list[dict[str, Any]]:
+    """The trajectories: K responses per chosen problem, a training step's batch at a time."""
+    rollout, k = config.rollout, config.rollout.samples_per_prompt
+    rows: list[dict[str, Any]] = []
+    for batch_index, start in enumerate(range(0, len(chosen), rollout.prompts_per_step)):
+        indices = chosen[start:start + rollout.prompts_per_step]
+        problems = [pool[i] for i in indices for _ in range(k)]
+        prompts = [build_prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
+        generator = torch.Generator(device=runtime.device).manual_seed(
+            _seed(check.seed, 1, batch_index))
+        result = collect(task, problems, prompts, model=runtime.sampler,
+                         tokenizer=runtime.tokenizer, stop_ids=runtime.stop_ids,
+                         pad_id=runtime.pad_id, temperature=rollout.temperature,
+                         top_p=rollout.top_p, generator=generator,
+                         max_new_tokens=rollout.max_new_tokens, batch_size=rollout.batch_size)
+        for j, problem in enumerate(problems):
+            rows.append({
+                "row": len(rows), "batch": batch_index, "group": start + j // k,
+                "problem_index": indices[j // k], "problem_id": problem.id,
+                "prompt_ids": prompts[j], "response_ids": result.response_ids[j],
+                "finished": result.finished[j], "reward": float(result.rewards[j]),
+                "text": result.texts[j], "extracted": result.extracted[j]})
+    return rows
+
+
+def _choose_truth(rows: list[dict[str, Any]], check: CreditCheckConfig) -> list[int]:
+    """The rows whose truth is estimated: per group (in order), ``per_group`` of its rows,
+    alternately the best and the worst rewarded."""
+    by_group: dict[int, list[int]] = {}
+    for row in rows:
+        by_group.setdefault(int(row["group"]), []).append(int(row["row"]))
+    chosen: list[int] = []
+    for members in by_group.values():
+        rewards = [rows[i]["reward"] for i in members]
+        if check.mixed_only and max(rewards) == min(rewards):
+            continue
+        ranked = sorted(members, key=lambda i: (-rows[i]["reward"], i))
+        picks: list[int] = []
+        low, high = 0, len(ranked) - 1
+        while low <= high and len(picks) < check.per_group:
+            picks.append(ranked[low])
+            low += 1
+            if low <= high and len(picks) < check.per_group:
+                picks.append(ranked[high])
+                high -= 1
+        chosen.extend(sorted(picks))
+    if check.trajectories is not None:
+        chosen = chosen[:check.trajectories]
+    return chosen
+
+
+def _segment_config(config: TrainConfig) -> tuple[Estimator, Any]:
+    """The GEAR estimator and config whose segments the report uses: the run's estimator when
+    it has segments, else ``gear`` with its defaults."""
+    estimator = config.credit_estimator()
+    if estimator.segments:
+        return estimator, config.credit_config(estimator)
+    gear = get_estimator("gear")
+    return gear, gear.make_config()
+
+
+def _machine(device: torch.device) -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)} (host: {name})"
+    return f"{name}, {torch.get_num_threads()} torch threads, device {device}"
+
+
+def credit_check(
+    config: TrainConfig,
+    check: CreditCheckConfig | None = None,
+    out: str | Path = CREDIT_CHECK_DIR,
+    *,
+    checkpoint: str | Path | None = None,
+    checkpoint_step: int = 0,
+    model: torch.nn.Module | None = None,
+    tokenizer: Any = None,
+    task: Task | None = None,
+) -> CreditCheckResult:
+    """Run (or continue) a credit check and write ``credit_check.md``, ``credit_check.json``
+    and ``credit_check.png`` into ``out``.
+
+    Args:
+        config: the trainer's settings: model, task, rollout (sampler), signals, device.
+        check: the check's own settings (default :class:`CreditCheckConfig`).
+        out: the output folder; a folder holding an unfinished check with the same settings
+            is continued.
+        checkpoint: weights to load (a run directory or a checkpoint folder; see
+            :func:`run_check_config`). ``checkpoint_step``: its training step (the credit is
+            the next step's, ``CreditBatch.step = checkpoint_step + 1``).
+        model, tokenizer: an already-loaded policy (a TRL or verl user's); None loads
+            ``config.model``.
+        task: an already-built task; None builds ``config.task``.
+
+    Raises:
+        ValueError: for a task the check cannot run (:func:`check_task`), an estimator or
+            variant whose inputs are missing (:func:`plan_rows`), an ``out`` holding other
+            settings or other files.
+    """
+    from gear_rl.credit_check.output import write_outputs
+    from gear_rl.train.runtime import build_runtime
+
+    check = check if check is not None else CreditCheckConfig()
+    config.validate()
+    rows_plan, skipped = plan_rows(check, config)
+    if task is None:
+        task = load_task(config.task, options=config.task_options, train_size=config.train_size,
+                         eval_size=config.eval.size, seed=0, instruction=config.instruction,
+                         eval_path=config.eval_data)
+    check_task(task)
+    chosen, pool = _draw_problems(task, check)
+    out = Path(out)
+    folder = _open_out(out)
+    try:
+        runtime = build_runtime(config, model=model, tokenizer=tokenizer, task=task,
+                                checkpoint=checkpoint)
+        try:
+            return _run(config, check, out, runtime, task, chosen, pool, rows_plan, skipped,
+                        checkpoint, checkpoint_step, write_outputs)
+        finally:
+            runtime.close()
+    finally:
+        folder.unlock()
+
+
+def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any, task: Task,
+         chosen: list[int], pool: Sequence[Problem], rows_plan: list[EstimatorRow],
+         skipped: dict[str, str], checkpoint: str | Path | None, checkpoint_step: int,
+         write_outputs: Any) -> CreditCheckResult:
+    started = time.perf_counter()
+    rollout = config.rollout
+    teacher = _teacher_config(config.signals)
+    check_prompt_lengths(
+        ((p.id, max(build_prompt_ids(runtime.tokenizer, p.prompt),
+                    teacher_prompt_ids(runtime.tokenizer, p.prompt, p.reference,
+                                       kind=cast(Any, p.reference_kind), config=teacher),
+                    key=len))
+         for p in (pool[i] for i in chosen)),
+        getattr(runtime.model.config, "max_position_embeddings", None),
+        new_tokens=rollout.max_new_tokens, source=task.name)
+    segment_estimator, segment_config = _segment_config(config)
+    settings = {
+        "model": config.model, "checkpoint": None if checkpoint is None else str(checkpoint),
+        "checkpoint_step": checkpoint_step, "task": task.name, "task_spec": config.task,
+        "task_options": config.task_options, "train_size": config.train_size,
+        "instruction": config.instruction, "split": check.split,
+        "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
+        "temperature": rollout.temperature, "top_p": rollout.top_p,
+        "max_new_tokens": rollout.max_new_tokens, "samples_per_prompt":
+            rollout.samples_per_prompt, "prompts_per_step": rollout.prompts_per_step,
+        "groups": check.groups, "per_group": check.per_group,
+        "trajectories": check.trajectories, "mixed_only": check.mixed_only,
+        "continuations": check.continuations, "replicates": check.replicates,
+        "boundaries": check.boundaries, "every": check.every, "seed": check.seed,
+    }
+    if check.boundaries == "segments":
+        settings["segments"] = {"estimator": segment_estimator.name,
+                                "config": repr(segment_config),
+                                "signals": list(_signal_key(config.signals))}
+    state_path = out / STATE
+    signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]] = {}
+    if state_path.is_file():
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        mismatch = _settings_mismatch(state["settings"], settings)
+        if mismatch:
+            raise ValueError(f"out: {out} holds a credit check with other settings ("
+                             + "; ".join(mismatch) + "); choose another out, or remove it")
+        rows = state["rows"]
+        truth_plan = state["truth"]
+        sample_seconds = float(state.get("sample_seconds", 0.0))
+    else:
+        mark = time.perf_counter()
+        rows = _sample(runtime, config, check, task, chosen, pool)
+        sample_seconds = time.perf_counter() - mark
+        truth_rows = _choose_truth(rows, check)
+        onsets = None
+        if check.boundaries == "segments":
+            base = _signals(runtime, rollout.temperature, config.signals, rows,
+                            [pool[r["problem_index"]] for r in rows])
+            signal_cache[_signal_key(config.signals)] = base
+            onsets = gear_segments(base["divergence"], base["entropy"], base["mask"],
+                                   segment_config)
+        truth_plan = [{"row": r, "boundaries": choose_boundaries(
+            len(rows[r]["response_ids"]), every=check.every,
+            segment_onsets=None if onsets is None
+            else onsets[r, :len(rows[r]["response_ids"])].tolist())} for r in truth_rows]
+        atomic_write_text(state_path, json.dumps(
+            {"settings": settings, "rows": rows, "truth": truth_plan,
+             "sample_seconds": sample_seconds}) + "\n")
+    problems = [pool[r["problem_index"]] for r in rows]
+    for row, problem in zip(rows, problems, strict=True):
+        if row["problem_id"] != problem.id:
+            raise ValueError(f"out: {out}: row {row['row']} was sampled for problem "
+                             f"{row['problem_id']!r}, the task now has {problem.id!r} there "
+                             "(the task changed); choose another out")
+
+    # ---- the truth, one trajectory at a time, resumable
+    values_path = out / VALUES
+    done = _read_values(values_path)
+    spent = sum(int(r["tokens"]) for r in done.values())
+    if check.shared_prefix is None and not shared_prefix_available():
+        warnings.warn("gear_rl.train.rollout.sample_continuations is not available: every "
+                      "prefix is sampled afresh (the same distribution, without the shared "
+                      "KV cache)", stacklevel=2)
+    progress = None
+    if check.progress:
+        from tqdm import tqdm
+
+        progress = tqdm(total=len(truth_plan), initial=sum(p["row"] in done for p in truth_plan),
+                        desc="credit-check", unit="traj", dynamic_ncols=True, file=sys.stderr)
+    session_tokens, session_seconds = 0, 0.0
+    complete = True
+    try:
+        for plan in truth_plan:
+            index = int(plan["row"])
+            if index in done:
+                continue
+            if check.budget is not None and spent >= check.budget:
+                complete = False
+                break
+            row = rows[index]
+            mark = time.perf_counter()
+            values = estimate_prefix_values(
+                runtime.sampler, row["prompt_ids"], row["response_ids"], row["finished"],
+                plan["boundaries"], samples=check.continuations,
+                reward_fn=task_reward_fn(task, problems[index], runtime.tokenizer),
+                max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
+                pad_id=runtime.pad_id, temperature=rollout.temperature, top_p=rollout.top_p,
+                seeds=[_seed(check.seed, 2, index, r) for r in range(check.replicates)],
+                batch_size=check.batch_size, shared=check.shared_prefix)
+            seconds = time.perf_counter() - mark
+            record = {"row": index, **values.to_dict(), "seconds": round(seconds, 3)}
+            append_jsonl(values_path, record)
+            done[index] = record
+            spent += values.tokens
+            session_tokens += values.tokens
+            session_seconds += seconds
+            if progress is not None:
+                progress.set_postfix(tokens=spent,
+                                     tok_s=f"{session_tokens / max(session_seconds, 1e-9):.0f}")
+                progress.update(1)
+    finally:
+        if progress is not None:
+            progress.close()
+
+    # ---- signals, credit and scores
+    mark = time.perf_counter()
+    rewards = torch.tensor([float(r["reward"]) for r in rows])
+    groups = [int(r["group"]) for r in rows]
+    batches: dict[int, list[int]] = {}
+    for r in rows:
+        batches.setdefault(int(r["batch"]), []).append(int(r["row"]))
+    batch_rows = list(batches.values())
+    for row_plan in rows_plan:
+        key = _signal_key(row_plan.signals)
+        if key not in signal_cache:
+            signal_cache[key] = _signals(runtime, rollout.temperature, row_plan.signals, rows,
+                                         problems)
+    base_key = _signal_key(config.signals)
+    if base_key not in signal_cache:
+        signal_cache[base_key] = _signals(runtime, rollout.temperature, config.signals, rows,
+                                          problems)
+    base = signal_cache[base_key]
+    outcome = outcome_advantages(
+        CreditBatch(rewards=rewards, group_ids=groups, mask=base["mask"]), OutcomeConfig())
+    credit_step = checkpoint_step + 1
+    advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)], rewards,
+                                         groups, batch_rows, credit_step)
+                  for row in rows_plan}
+    segments = {row.label: gear_segments(signal_cache[_signal_key(row.signals)]["divergence"],
+                                         signal_cache[_signal_key(row.signals)]["entropy"],
+                                         base["mask"], row.config)
+                for row in rows_plan if row.estimator.segments}
+    base_onsets = gear_segments(base["divergence"], base["entropy"], base["mask"],
+                                segment_config)
+    scored = [p for p in truth_plan if int(p["row"]) in done]
+    truths = {int(p["row"]): PrefixValues.from_dict(done[int(p["row"])]) for p in scored}
+    data: dict[str, Any] = {"scores": _score(config, check, rows, scored, truths, outcome,
+                                             base, advantages, segments, rows_plan)}
+    score_seconds = time.perf_counter() - mark
+    data["skipped"] = skipped
+    data["settings"] = {**settings, "bootstrap": check.bootstrap, "confidence": check.confidence,
+                        "precision_k": list(check.precision_k), "budget": check.budget,
+                        "reference": check.reference,
+                        "shared_prefix": (check.shared_prefix if check.shared_prefix is not None
+                                          else shared_prefix_available()),
+                        "signals": {"divergence": config.signals.divergence,
+                                    "topk": config.signals.topk,
+                                    "placement": config.signals.placement,
+                                    "answer_template": config.signals.answer_template},
+                        "estimator": config.estimator, "credit": config.credit}
+    data["counts"] = {
+        "rows": len(rows), "groups": len(set(groups)),
+        "groups_mixed": sum(1 for g in set(groups)
+                            if len({rows[i]["reward"] for i in range(len(rows))
+                                    if groups[i] == g}) > 1),
+        "truth_planned": len(truth_plan), "truth_done": len(scored),
+        "truth_groups": len({groups[int(p["row"])] for p in scored}),
+        "continuation_tokens": spent, "complete": complete}
+    data["timing"] = {"sample_seconds": round(sample_seconds, 2),
+                      "truth_seconds_total": round(sum(float(r.get("seconds", 0.0))
+                                                       for r in done.values()), 2),
+                      "truth_seconds_this_session": round(session_seconds, 2),
+                      "truth_tokens_this_session": session_tokens,
+                      "score_seconds": round(score_seconds, 2),
+                      "wall_seconds_this_session": round(time.perf_counter() - started, 2)}
+    data["machine"] = _machine(runtime.device)
+    data["trajectories"] = _trajectory_records(runtime.tokenizer, rows, problems, scored,
+                                               truths, outcome, base, base_onsets, advantages,
+                                               config)
+    markdown, json_path, plot, table = write_outputs(out, data, check)
+    return CreditCheckResult(out=out, complete=complete, data=data, table=table,
+                             markdown=markdown, json=json_path, plot=plot)
+
+
+def _units(row: dict[str, Any], values: PrefixValues, outcome: float, mask: np.ndarray,
+           replicate: int | None) -> TrajectoryUnits:
+    return TrajectoryUnits(group=int(row["group"]), truth=values.advantages(replicate),
+                           truth_se=values.advantage_stderr(replicate), outcome=outcome,
+                           tokens=span_sums(mask, values.boundaries))
+
+
+def _score(config: TrainConfig, check: CreditCheckConfig, rows: list[dict[str, Any]],
+           scored: list[dict[str, Any]], truths: dict[int, PrefixValues], outcome: torch.Tensor,
+           base: dict[str, torch.Tensor], advantages: dict[str, torch.Tensor],
+           segments: dict[str, torch.Tensor], rows_plan: list[EstimatorRow]) -> dict[str, Any]:
+    """Every row's scores against the first replicate (and the noise ceiling) and against all
+    replicates pooled."""
+    boot: dict[str, Any] = {"resamples": check.bootstrap, "confidence": check.confidence,
+                            "seed": check.seed}
+    ks = list(check.precision_k)
+    indices = [int(p["row"]) for p in scored]
+    lengths = {i: len(rows[i]["response_ids"]) for i in indices}
+    masks = {i: base["mask"][i, :lengths[i]].numpy() for i in indices}
+    truth_sets: dict[str, list[TrajectoryUnits]] = {}
+    replicates = check.replicates
+    truth_sets["first"] = [_units(rows[i], truths[i], float(outcome[i]), masks[i],
+                                  0 if replicates > 1 else None) for i in indices]
+    if replicates > 1:
+        truth_sets["pooled"] = [_units(rows[i], truths[i], float(outcome[i]), masks[i], None)
+                                for i in indices]
+
+    def unit_credit(label: str) -> list[np.ndarray]:
+        return [span_sums(advantages[label][i, :lengths[i]].numpy(), truths[i].boundaries,
+                          masks[i]) for i in indices]
+
+    def inside(label: str) -> list[np.ndarray] | None:
+        if label not in segments:
+            return None
+        return [span_shares(segments[label][i, :lengths[i]].numpy() >= 0, truths[i].boundaries,
+                            masks[i]) for i in indices]
+
+    def as_dict(scores: dict[str, Interval]) -> dict[str, Any]:
+        return {name: interval.to_dict() for name, interval in scores.items()}
+
+    credits = {row.label: unit_credit(row.label) for row in rows_plan}
+    reference = check.reference if check.reference in credits else None
+    out_rows = []
+    for row in rows_plan:
+        entry: dict[str, Any] = {
+            "label": row.label, "estimator": row.estimator.name, "config": repr(row.config),
+            "signals": {"divergence": row.signals.divergence, "topk": row.signals.topk,
+                        "placement": row.signals.placement,
+                        "answer_template": row.signals.answer_template},
+            "variant": row.variant, "floor": row.estimator.name == "grpo" and not row.variant,
+            "segments": row.label in segments, "scores": {}, "vs_reference": {}}
+        for name, units in truth_sets.items():
+            entry["scores"][name] = as_dict(score_estimate(units, credits[row.label], ks=ks,
+                                                           inside=inside(row.label), **boot))
+            if reference is not None and row.label != reference:
+                entry["vs_reference"][name] = paired_difference(
+                    units, credits[row.label], credits[reference], ks=ks, **boot).to_dict()
+        out_rows.append(entry)
+    result: dict[str, Any] = {"rows": out_rows, "reference": reference, "ceiling": None,
+                              "truth": {name: as_dict(truth_summary(units, **boot))
+                                        for name, units in truth_sets.items()}}
+    if replicates > 1:
+        second = [truths[i].advantages(1) for i in indices]
+        result["ceiling"] = as_dict(score_estimate(truth_sets["first"], second, ks=ks, **boot))
+    values_se = [truths[i].stderr(None)[~np.array(truths[i].terminal)] for i in indices]
+    flat = np.concatenate(values_se) if values_se else np.array([])
+    result["mean_value_se"] = float(np.nanmean(flat)) if flat.size else None
+    return result
+
+
+def _trajectory_records(tokenizer: Any, rows: list[dict[str, Any]], problems: list[Problem],
+                        scored: list[dict[str, Any]], truths: dict[int, PrefixValues],
+                        outcome: torch.Tensor, base: dict[str, torch.Tensor],
+                        onsets: torch.Tensor, advantages: dict[str, torch.Tensor],
+                        config: TrainConfig) -> list[dict[str, Any]]:
+    """Per scored trajectory, what the plot and the report's token viewer show."""
+
+    def values(tensor: torch.Tensor, i: int, length: int) -> list[float]:
+        return [round(float(v), 6) for v in tensor[i, :length]]
+
+    records = []
+    for plan in scored:
+        i = int(plan["row"])
+        row, truth = rows[i], truths[i]
+        length = len(row["response_ids"])
+        mask = base["mask"][i, :length].numpy()
+        pooled = truth.advantages(None)
+        per_token = np.zeros(length)
+        bounds = truth.boundaries
+        for j, adv in enumerate(pooled):  # a unit's advantage shared over its policy tokens
+            span = slice(bounds[j], bounds[j + 1])
+            count = mask[span].sum()
+            if count > 0:
+                per_token[span] = adv / count * (mask[span] > 0)
+        records.append({
+            "row": i, "group": row["group"], "problem_id": row["problem_id"],
+            "prompt": tokenizer.decode(row["prompt_ids"]), "answer": problems[i].answer,
+            "response": row["text"], "extracted": row["extracted"], "reward": row["reward"],
+            "advantage": float(outcome[i]), "finished": row["finished"],
+            "tokens": [tokenizer.decode([t]) for t in row["response_ids"]],
+            "token_ids": row["response_ids"], "mask": [int(m) for m in mask],
+            "boundaries": bounds, "values": [round(float(v), 6) for v in truth.values(None)],
+            "values_se": [None if not math.isfinite(v) else round(float(v), 6)
+                          for v in truth.stderr(None)],
+            "replicate_values": [[round(float(v), 6) for v in truth.values(r)]
+                                 for r in range(truth.replicates)],
+            "mc_advantage": [round(float(v), 6) for v in per_token],
+            "entropy": values(base["entropy"], i, length),
+            "divergence": values(base["divergence"], i, length),
+            "student_logprobs": values(base["student_logprobs"], i, length),
+            "teacher_logprobs": values(base["teacher_logprobs"], i, length),
+            "segment_onset": [int(v) for v in onsets[i, :length]],
+            "advantages": {label: values(tensor, i, length)
+                           for label, tensor in advantages.items()},
+            "run_estimator": (f"run:{config.estimator}"
+                              if f"run:{config.estimator}" in advantages else
+                              config.estimator if config.estimator in advantages else None),
+        })
+    return records
