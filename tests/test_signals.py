@@ -10,6 +10,7 @@ from gear_rl.models import tiny_random_model
 from gear_rl.signals import (
     ESTIMATORS,
     TokenSignals,
+    backbone_tokens,
     default_chunk_size,
     response_logprobs,
     token_signals,
@@ -514,3 +515,40 @@ def test_signal_pass_k1_k3_finite_at_extreme_log_ratios(estimator):
     torch.testing.assert_close((teacher - student)[:2], torch.tensor([200.0, -200.0]))
     assert torch.isfinite(divergence).all()
     assert torch.equal(divergence, sampled_token_divergence(student, teacher, estimator))
+
+
+# ------------------------------------------------------ shared prompts with gradients (update)
+def _parameter_grads(model, loss: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(loss, list(model.parameters())))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_shared_prompt_gradients_match_unshared(arch):
+    """The trainer's update path: with gradients, the shared-prompt pass (each distinct prompt
+    once, its KV cache part of the graph) gives the unshared pass's parameter gradients, for the
+    policy loss's log-probs and entropy and for the distillation's divergence (ragged prompts
+    and responses, an observation span)."""
+    model = _model(arch, num_layers=2)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=37)
+    weights = torch.rand(len(responses), max(len(r) for r in responses),
+                         generator=torch.Generator().manual_seed(3)) - 0.5
+    counts = _count_backbone_tokens(model)
+    for share in (True, False):
+        counts.clear()
+        own = response_logprobs(model, prompts, responses, response_mask=mask, chunk_size=5,
+                                temperature=0.8, requires_grad=True, share_prompts=share)
+        assert counts == (_shared_forwards if share else _full_forwards)(prompts, responses)
+        assert sum(counts) == backbone_tokens(prompts, responses, share_prompts=share)
+        policy = _parameter_grads(model, ((own.logprobs + 0.3 * own.entropy) * weights).sum())
+        sig = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                            chunk_size=5, temperature=0.8, estimator="full",
+                            student_requires_grad=True, share_prompts=share)
+        distill = _parameter_grads(model, ((sig.student_logprobs + sig.divergence)
+                                           * weights).sum())
+        if share:
+            shared_policy, shared_distill = policy, distill
+    assert any(g.abs().max() > 1e-3 for g in policy)
+    for name, got, want in zip([n for n, _ in model.named_parameters()] * 2,
+                               shared_policy + shared_distill, policy + distill, strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{arch} {n}: {m}")

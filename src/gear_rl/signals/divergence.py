@@ -143,6 +143,30 @@ def default_chunk_size(vocab_size: int) -> int:
     return max(16, min(4096, _DEFAULT_CHUNK_ELEMENTS // max(1, vocab_size)))
 
 
+def backbone_tokens(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                    *, share_prompts: bool) -> int:
+    """Token positions one backbone pass over these rows runs, padding included: the memory
+    of a forward/backward grows with it (the trainer packs micro-batches by it).
+
+    Unshared: ``B x max(P_b + R_b)`` (one right-padded batch). Shared (each distinct prompt
+    once, see :func:`_shared_prompt_hidden`): per prompt length ``P``, ``G x P`` for its ``G``
+    distinct prompts plus ``M x (max R - 1)`` for the ``M`` responses after them.
+    """
+    if not share_prompts:
+        return len(prompt_ids) * max(len(p) + len(r)
+                                     for p, r in zip(prompt_ids, response_ids, strict=True))
+    distinct: dict[int, set[tuple[int, ...]]] = {}
+    longest: dict[int, int] = {}
+    members: dict[int, int] = {}
+    for prompt, response in zip(prompt_ids, response_ids, strict=True):
+        length = len(prompt)
+        distinct.setdefault(length, set()).add(tuple(prompt))
+        longest[length] = max(longest.get(length, 0), len(response))
+        members[length] = members.get(length, 0) + 1
+    return sum(len(bucket) * length + members[length] * (longest[length] - 1)
+               for length, bucket in distinct.items())
+
+
 def token_signals(
     model: PreTrainedModel,
     prompt_ids: Sequence[Sequence[int]],

@@ -150,9 +150,17 @@ class LossConfig:
             stop-gradient ground-truth-conditioned teacher) added to the RL loss.
         epochs: passes over each rollout batch.
         minibatches: optimiser steps per epoch (the batch is split in this many mini-batches).
-        micro_batch_size: rows per forward/backward (gradient accumulation; memory only, except
-            for an estimator that selects tokens per micro-batch, e.g. ``top_entropy`` with
-            ``credit.selection=micro_batch``).
+        micro_batch_tokens: the most tokens one forward/backward runs through the model,
+            padding included (shared prompts count once): each mini-batch is packed into
+            micro-batches under this budget, rows of one prompt together and by length, and the
+            gradients accumulate. Memory only (the loss is the mini-batch's whatever the
+            packing, up to float rounding), except for an estimator that selects tokens per
+            micro-batch (``top_entropy`` with ``credit.selection=micro_batch``). A row longer
+            than the budget runs alone.
+        micro_batch_size: also at most this many rows per micro-batch (None: no row cap).
+        share_prompts: run each distinct prompt of a micro-batch once, with gradients, and let
+            its responses attend to that cached prefix (the K responses of a GRPO group share
+            their prompt); the gradients equal the unshared path's up to float rounding.
     """
 
     clip_low: float = 0.2
@@ -163,7 +171,9 @@ class LossConfig:
     opsd_coef: float = 0.0
     epochs: int = 1
     minibatches: int = 1
-    micro_batch_size: int = 16
+    micro_batch_tokens: int = 2048
+    micro_batch_size: int | None = None
+    share_prompts: bool = True
 
     def validate(self, name: str = "loss") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
@@ -173,7 +183,8 @@ class LossConfig:
             # 1 - clip_low is the lower ratio bound: it must stay positive.
             raise ValueError(f"{prefix}clip_low must be in [0, 1), got {self.clip_low}")
         _at_least(prefix, self, 0, "clip_high", "kl_coef", "opsd_coef")
-        _at_least(prefix, self, 1, "epochs", "minibatches", "micro_batch_size")
+        _at_least(prefix, self, 1, "epochs", "minibatches", "micro_batch_tokens",
+                  "micro_batch_size")
         _one_of(prefix + "agg_mode", self.agg_mode, LOSS_AGG_MODES)
         _one_of(prefix + "kl_type", self.kl_type, KL_TYPES)
 

@@ -40,6 +40,7 @@ from transformers import PreTrainedModel
 from gear_rl.credit import get_estimator
 from gear_rl.signals import (
     TeacherPromptConfig,
+    backbone_tokens,
     response_logprobs,
     teacher_prompt_ids,
     token_signals,
@@ -324,8 +325,7 @@ class Trainer:
             for split in np.array_split(np.array(order), config.minibatches):
                 minibatch: list[int] = sorted(split.tolist())
                 num_tokens = float(scores.mask[minibatch].sum())
-                micros = [minibatch[start:start + config.micro_batch_size]
-                          for start in range(0, len(minibatch), config.micro_batch_size)]
+                micros = self._micro_batches(batch, minibatch)
                 # an estimator that selects tokens per micro-batch (update_mask) fixes how many
                 # from the masks alone: the policy loss's token mean divides by their total
                 counts = [self.estimator.update_token_count(scores.mask[micro],
@@ -362,6 +362,42 @@ class Trainer:
         out["ratio_max"] = ratio_max
         out["lr"] = self._lr(step)
         return out
+
+    def _micro_batches(self, batch: StepBatch, minibatch: list[int]) -> list[list[int]]:
+        """Pack the rows of ``minibatch`` into micro-batches of at most
+        ``loss.micro_batch_tokens`` backbone tokens (:func:`backbone_tokens`, padding included)
+        and at most ``loss.micro_batch_size`` rows. With ``loss.share_prompts`` the rows of
+        one prompt go together (their prompt then runs once), groups with the longest rows
+        first, each group's rows longest first; without it, rows longest first (least
+        padding). Greedy and deterministic; a row over the budget alone runs alone."""
+        config = self.config.loss
+        prompts, responses = batch.prompt_ids, batch.response_ids
+        if config.share_prompts:
+            longest: dict[tuple[int, ...], int] = {}
+            for i in minibatch:
+                key = tuple(prompts[i])
+                longest[key] = max(longest.get(key, 0), len(responses[i]))
+            first = {key: n for n, key in enumerate(dict.fromkeys(
+                tuple(prompts[i]) for i in minibatch))}
+            order = sorted(minibatch, key=lambda i: (-longest[tuple(prompts[i])],
+                                                     first[tuple(prompts[i])],
+                                                     -len(responses[i]), i))
+        else:
+            order = sorted(minibatch, key=lambda i: (-len(prompts[i]) - len(responses[i]), i))
+        micros: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            candidate = [*current, i]
+            too_many = (config.micro_batch_size is not None
+                        and len(candidate) > config.micro_batch_size)
+            if current and (too_many or backbone_tokens(
+                    [prompts[j] for j in candidate], [responses[j] for j in candidate],
+                    share_prompts=config.share_prompts) > config.micro_batch_tokens):
+                micros.append(current)
+                candidate = [i]
+            current = candidate
+        micros.append(current)
+        return micros
 
     def _check_finite(self, step: int, what: str, value: torch.Tensor) -> None:
         """Stop the run (no checkpoint of this step) when ``value`` is NaN or inf."""
@@ -404,7 +440,10 @@ class Trainer:
         responses = [batch.response_ids[i] for i in rows]
         common: dict[str, Any] = {"temperature": config.rollout.temperature,
                                   "chunk_size": signals.chunk_size,
-                                  "response_mask": self._masks(batch, rows)}
+                                  "response_mask": self._masks(batch, rows),
+                                  # shared where a prompt repeats (else the plain pass)
+                                  "share_prompts": config.loss.share_prompts and len(
+                                      {tuple(p) for p in prompts}) < len(prompts)}
         # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
         model = cast(PreTrainedModel, self.model)
         with self.runtime.autocast_context():
