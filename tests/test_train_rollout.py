@@ -1,5 +1,6 @@
 """The KV-cache sampler: exact categorical / nucleus sampling, greedy agreement with
-``model.generate``, stopping and ordering."""
+``model.generate``, stopping and ordering, shared-prompt prefill, and continuations of one
+sequence's prefixes from its single cache (``sample_continuations``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import pytest
 import torch
 
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
-from gear_rl.train.rollout import sample_next_token, sample_responses, stop_token_ids
+from gear_rl.train.rollout import (
+    sample_continuations,
+    sample_next_token,
+    sample_responses,
+    stop_token_ids,
+)
 
 
 def test_tiny_top_p_is_greedy() -> None:
@@ -42,6 +48,9 @@ def test_bad_arguments() -> None:
         sample_next_token(torch.zeros(4))
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(scope="module")
 def tiny():
     model = tiny_random_model("llama", seed=3, initializer_range=0.3).eval()
@@ -54,21 +63,74 @@ def _prompts(tokenizer, n: int) -> list[list[int]]:
             for i, t in enumerate(texts[:n])]
 
 
-def test_greedy_equals_model_generate(tiny) -> None:
+def _generate_greedy(model, prompt: list[int], max_new_tokens: int, pad_id: int) -> list[int]:
+    """``model.generate(do_sample=False)`` from one prompt, with no stop token."""
+    ids = torch.tensor([prompt])
+    reference = model.generate(ids, attention_mask=torch.ones_like(ids),
+                               max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                               do_sample=False, pad_token_id=pad_id)
+    return reference[0, len(prompt):].tolist()
+
+
+def _cut(tokens: list[int], stops: list[int]) -> tuple[list[int], bool]:
+    """``tokens`` up to and including the first stop token, and whether there was one (what
+    ``generate`` returns with those stop ids, its greedy tokens before a stop being the same)."""
+    cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+    return (tokens, False) if cut is None else (tokens[:cut + 1], True)
+
+
+def _stops_that_fire(model, tokenizer, free: list[list[int]]) -> list[int]:
+    """End-of-turn ids plus tokens the greedy answers ``free`` write at different steps, so that
+    greedy rows stop at different steps (a random model rarely writes its end-of-turn token)."""
+    stops = set(stop_token_ids(tokenizer, model))
+    for row, step in ((0, 2), (2, 6), (3, 11)):
+        if free[row][step] not in free[row][:step]:
+            stops.add(free[row][step])
+    return sorted(stops)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_greedy_equals_model_generate(tiny, greedy: bool) -> None:
+    """greedy=True, and the old spelling (a vanishing top-p nucleus), are model.generate's greedy
+    search, on a batch of prompts of several lengths (left padding) with repeats (prompts
+    prefilled once, their cache rows repeated) and rows stopping at different steps."""
     model, tokenizer = tiny
     prompts = _prompts(tokenizer, 6)
-    stops = stop_token_ids(tokenizer, model)
-    ours = sample_responses(model, prompts, max_new_tokens=20, stop_ids=stops,
-                            pad_id=tokenizer.pad_token_id, top_p=1e-9,
-                            generator=torch.Generator().manual_seed(0))
-    for row, prompt in enumerate(prompts):
-        reference = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                   eos_token_id=stops, pad_token_id=tokenizer.pad_token_id)
-        expected = reference[0, len(prompt):].tolist()
-        cut = next((i for i, t in enumerate(expected) if t in stops), None)
-        expected = expected if cut is None else expected[:cut + 1]
-        assert ours.response_ids[row] == expected
-        assert ours.finished[row] == (cut is not None)
+    batch = [prompts[i] for i in (0, 1, 1, 2, 3, 0, 4, 5, 1)]
+    free = [_generate_greedy(model, p, 20, tokenizer.pad_token_id) for p in prompts]
+    stops = _stops_that_fire(model, tokenizer, free)
+    sampling = {"greedy": True} if greedy else {"top_p": 1e-9}
+    ours = sample_responses(model, batch, max_new_tokens=20, stop_ids=stops,
+                            pad_id=tokenizer.pad_token_id,
+                            generator=torch.Generator().manual_seed(0), **sampling)
+    assert ours.prompt_ids == batch
+    expected = {tuple(p): _cut(f, stops) for p, f in zip(prompts, free, strict=True)}
+    for row, prompt in enumerate(batch):
+        assert (ours.response_ids[row], ours.finished[row]) == expected[tuple(prompt)]
+    assert len({len(r) for r in ours.response_ids}) > 1  # rows stopped at different steps
+    assert any(ours.finished) and not all(ours.finished)
+
+
+def test_greedy_equals_batched_generate_token_for_token(tiny) -> None:
+    """On one left-padded batch, greedy rows equal ``model.generate(do_sample=False)``'s rows on
+    the same batch up to their first stop token; chunking does not change them."""
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 6) * 2
+    free = [_generate_greedy(model, p, 16, tokenizer.pad_token_id) for p in prompts[:4]]
+    stops = _stops_that_fire(model, tokenizer, free)
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    generated = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
+                               eos_token_id=stops, pad_token_id=pad)[:, width:].tolist()
+    for batch_size in (None, 5):
+        ours = sample_responses(model, prompts, max_new_tokens=16, stop_ids=stops, pad_id=pad,
+                                greedy=True, batch_size=batch_size)
+        for response, row in zip(ours.response_ids, generated, strict=True):
+            assert response == row[:len(response)]
+            assert response[-1] in stops or len(response) == 16
+        assert len({len(r) for r in ours.response_ids}) > 2
 
 
 def test_stops_keep_order_and_are_reproducible(tiny) -> None:
@@ -89,7 +151,127 @@ def test_stops_keep_order_and_are_reproducible(tiny) -> None:
     assert len(chunked.response_ids) == len(prompts)
 
 
+def _last_logits(model, prompts: list[list[int]], pad_id: int) -> torch.Tensor:
+    """``[B, V]`` next-token logits of every prompt, one left-padded forward, every row its own."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask,
+                     position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits[:, -1]
+
+
+def test_shared_prefill_samples_from_each_rows_own_distribution(tiny) -> None:
+    """Repeated prompts are prefilled once: the first tokens are the draws ``sample_next_token``
+    makes, with the same generator, from every row's logits computed on its own."""
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 3)
+    batch = [p for p in prompts for _ in range(5)]
+    pad = tokenizer.pad_token_id
+    ours = sample_responses(model, batch, max_new_tokens=1, stop_ids=[258], pad_id=pad,
+                            temperature=1.3, top_p=0.9,
+                            generator=torch.Generator().manual_seed(2))
+    expected = sample_next_token(_last_logits(model, batch, pad), temperature=1.3, top_p=0.9,
+                                 generator=torch.Generator().manual_seed(2))
+    assert [r[0] for r in ours.response_ids] == expected.tolist()
+    assert len(set(expected.tolist())) > 3  # the draws differ between copies
+
+
 def test_stop_token_ids_of_tiny_tokenizer(tiny) -> None:
     _, tokenizer = tiny
     vocab = tokenizer.get_vocab()
     assert vocab["<|im_end|>"] in stop_token_ids(tokenizer)
+
+
+# --- continuations of one sequence's prefixes -----------------------------------------------
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_arch(request):
+    model = tiny_random_model(request.param, seed=4, initializer_range=0.3).eval()
+    return model, build_tiny_tokenizer()
+
+
+def _sequence(tokenizer) -> list[int]:
+    return tokenizer("what is 3 + 4? the answer is seven", add_special_tokens=False)["input_ids"]
+
+
+def test_greedy_continuations_equal_generate_from_each_prefix(tiny_arch) -> None:
+    """Every cut's greedy continuation, decoded from the one cache of the whole sequence with
+    rows of several cuts in one left-padded batch, equals ``model.generate(do_sample=False)``
+    and ``sample_responses(greedy=True)`` from that prefix alone."""
+    model, tokenizer = tiny_arch
+    sequence = _sequence(tokenizer)
+    stops = stop_token_ids(tokenizer, model)
+    pad = tokenizer.pad_token_id
+    cuts = [len(sequence), 1, 7, 3, 7, len(sequence) - 1]
+    expected = {c: _cut(_generate_greedy(model, sequence[:c], 12, pad), stops) for c in cuts}
+    for batch_size in (None, 5):  # 5: batches of rows of two or three cuts
+        result = sample_continuations(model, sequence, cuts, 2, max_new_tokens=12,
+                                      stop_ids=stops, pad_id=pad, greedy=True,
+                                      batch_size=batch_size)
+        assert len(result) == len(cuts)
+        for cut, rollout in zip(cuts, result, strict=True):
+            prefix = sequence[:cut]
+            assert rollout.prompt_ids == [prefix, prefix]
+            assert [(r, f) for r, f in zip(rollout.response_ids, rollout.finished,
+                                           strict=True)] == [expected[cut]] * 2
+            alone = sample_responses(model, [prefix], max_new_tokens=12, stop_ids=stops,
+                                     pad_id=pad, greedy=True)
+            assert alone.response_ids[0] == expected[cut][0]
+
+
+def test_sampled_continuations_follow_sample_responses(tiny_arch) -> None:
+    """One cut's continuations consume the generator as ``sample_responses`` does on
+    ``samples`` copies of that prefix (same draws), and a fixed generator repeats them; several
+    cuts in chunks are reproducible and keep the stopping rules."""
+    model, tokenizer = tiny_arch
+    sequence = _sequence(tokenizer)
+    stops = stop_token_ids(tokenizer, model)
+    common = {"max_new_tokens": 10, "stop_ids": stops, "pad_id": tokenizer.pad_token_id,
+              "temperature": 1.4, "top_p": 0.95}
+    for cut in (4, len(sequence)):
+        (one,) = sample_continuations(model, sequence, [cut], 6,
+                                      generator=torch.Generator().manual_seed(7), **common)
+        copies = sample_responses(model, [sequence[:cut]] * 6,
+                                  generator=torch.Generator().manual_seed(7), **common)
+        assert one.response_ids == copies.response_ids
+        assert one.finished == copies.finished
+        assert len({tuple(r) for r in one.response_ids}) > 1
+    cuts = [2, 9, 5, len(sequence)]
+    runs = [sample_continuations(model, sequence, cuts, 3, batch_size=4,
+                                 generator=torch.Generator().manual_seed(8), **common)
+            for _ in range(2)]
+    assert [r.response_ids for r in runs[0]] == [r.response_ids for r in runs[1]]
+    for rollout in runs[0]:
+        assert len(rollout.response_ids) == 3
+        for response, finished in zip(rollout.response_ids, rollout.finished, strict=True):
+            assert 1 <= len(response) <= 10
+            assert not any(t in stops for t in response[:-1])
+            assert finished == (response[-1] in stops)
+
+
+def test_continuations_first_tokens_are_draws_from_each_prefix(tiny) -> None:
+    """The first token of every continuation row is the draw ``sample_next_token`` makes from
+    the logits of its prefix computed alone."""
+    model, tokenizer = tiny
+    sequence = _sequence(tokenizer)
+    cuts = [3, 1, len(sequence), 8]
+    result = sample_continuations(model, sequence, cuts, 4, max_new_tokens=1, stop_ids=[258],
+                                  pad_id=tokenizer.pad_token_id, temperature=0.8,
+                                  generator=torch.Generator().manual_seed(3))
+    prefixes = [sequence[:c] for c in cuts for _ in range(4)]
+    expected = sample_next_token(_last_logits(model, prefixes, tokenizer.pad_token_id),
+                                 temperature=0.8, generator=torch.Generator().manual_seed(3))
+    assert [r[0] for rollout in result for r in rollout.response_ids] == expected.tolist()
+
+
+def test_continuation_arguments_are_checked(tiny) -> None:
+    model, tokenizer = tiny
+    common = {"max_new_tokens": 4, "stop_ids": [258], "pad_id": tokenizer.pad_token_id}
+    with pytest.raises(ValueError, match=r"cuts must be in \[1, 3\]"):
+        sample_continuations(model, [5, 6, 7], [0, 2], 2, **common)
+    with pytest.raises(ValueError, match=r"cuts must be in \[1, 3\]"):
+        sample_continuations(model, [5, 6, 7], [4], 2, **common)
+    with pytest.raises(ValueError, match="samples"):
+        sample_continuations(model, [5, 6, 7], [2], 0, **common)
+    with pytest.raises(ValueError, match="temperature"):
+        sample_continuations(model, [5, 6, 7], [2], 1, temperature=0.0, **common)

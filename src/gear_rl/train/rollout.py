@@ -15,14 +15,16 @@ criteria, a full-vocabulary multinomial) costs more than the 135M-parameter mode
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import DynamicCache, PreTrainedConfig
+from transformers import Cache, DynamicCache, PreTrainedConfig
+from transformers.cache_utils import DynamicLayer
 
-__all__ = ["Rollout", "sample_next_token", "sample_responses", "stop_token_ids"]
+__all__ = ["Rollout", "sample_continuations", "sample_next_token", "sample_responses",
+           "stop_token_ids"]
 
 
 @dataclass
@@ -119,6 +121,163 @@ def sample_next_token(
     return candidate_ids.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
 
 
+class _BufferLayer(DynamicLayer):
+    """A full-attention cache layer that writes each step's keys and values in place into a
+    buffer allocated once (``[R, heads, capacity, head_dim]``), instead of ``DynamicLayer``'s
+    ``torch.cat`` of the whole cache on every step. ``keys`` / ``values`` are views of the
+    filled part, ``[R, heads, length, head_dim]``, as the attention expects."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self.is_initialized = True
+        self._fill(keys, values, capacity)
+
+    def _fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        rows, heads, length, dim = keys.shape
+        if capacity < length:
+            raise ValueError(f"capacity {capacity} < cached length {length}")
+        self._key_buffer = keys.new_empty(rows, heads, capacity, dim)
+        self._value_buffer = values.new_empty(rows, heads, capacity, values.shape[-1])
+        self._key_buffer[:, :, :length] = keys
+        self._value_buffer[:, :, :length] = values
+        self.length = length
+        self.keys = self._key_buffer[:, :, :length]
+        self.values = self._value_buffer[:, :, :length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + key_states.shape[-2]
+        if end > self._key_buffer.shape[2]:
+            raise RuntimeError(f"KV buffer full: {end} > {self._key_buffer.shape[2]} positions")
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        self.length = end
+        keys, values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
+        self.keys, self.values = keys, values
+        return keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        # only the filled part is copied; the new buffers keep the capacity
+        length = self.length
+        self._fill(self._key_buffer[indices, :, :length], self._value_buffer[indices, :, :length],
+                   self._key_buffer.shape[2])
+
+
+def _buffered_cache(cache: Cache, take: Callable[[torch.Tensor], torch.Tensor],
+                    extra: int) -> Cache:
+    """A new cache holding ``take(keys)`` / ``take(values)`` of every layer of ``cache`` (rows
+    selected, repeated or cut), in buffers with room for ``extra`` more positions.
+
+    Raises ValueError for a cache with other than full-attention layers (sliding windows, linear
+    attention), whose stored positions are not the sequence's."""
+    layers = []
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise ValueError(f"unsupported KV-cache layer {type(layer).__name__}: the sampler "
+                             "needs full-attention layers (no sliding window)")
+        keys, values = take(cast(torch.Tensor, layer.keys)), take(cast(torch.Tensor, layer.values))
+        layers.append(_BufferLayer(keys, values, keys.shape[2] + extra))
+    return Cache(layers=cast(Any, layers))
+
+
+def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Left-padded ``[N, W]`` input ids, their attention mask (``None`` when every prompt has
+    length ``W``: no mask is needed then) and the ``[N]`` position of each row's next token."""
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    lengths = torch.tensor([len(p) for p in prompts])
+    for row, p in enumerate(prompts):
+        input_ids[row, width - len(p) :] = torch.tensor(p)
+    attention = None
+    if bool((lengths < width).any()):
+        attention = (torch.arange(width) >= (width - lengths).unsqueeze(-1)).long().to(device)
+    return input_ids.to(device), attention, lengths.to(device)
+
+
+def _decode(
+    model: torch.nn.Module,
+    cache: Cache,
+    logits: torch.Tensor,
+    attention: torch.Tensor | None,
+    positions: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    stops: Sequence[int],
+    temperature: float,
+    top_p: float,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> tuple[list[list[int]], list[bool]]:
+    """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`.
+
+    Args:
+        model: the causal LM that filled ``cache``.
+        cache: ``R`` rows of ``W`` cached positions (buffers with room for ``max_new_tokens``
+            more, see :func:`_buffered_cache`).
+        logits: ``[R, V]`` next-token logits of every row.
+        attention: ``[R, W]``, 1 on cached tokens and 0 on left padding; ``None`` when no row is
+            padded (then no mask is built at all).
+        positions: ``[R]`` position id of each row's next token.
+        max_new_tokens, stops, temperature, top_p, greedy, generator: see
+            :func:`sample_responses`.
+
+    Returns:
+        ``R`` responses (each ending at its first stop token, or cut at ``max_new_tokens``) and
+        ``R`` finished flags (True where the response ends with a stop token).
+    """
+    rows, device = logits.shape[0], logits.device
+    # One token buffer and (with padding) one mask buffer for the whole loop.
+    out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
+    mask = None
+    if attention is not None:
+        width = attention.shape[1]
+        mask = attention.new_ones(rows, width + max_new_tokens)
+        mask[:, :width] = attention
+    stop_tensor = torch.tensor(sorted(set(stops)), device=device)
+    active = torch.arange(rows, device=device)  # the original row of each live batch row
+    position = positions.reshape(-1, 1)
+    for step in range(max_new_tokens):
+        if greedy:
+            tokens = logits.argmax(-1)
+        else:
+            tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
+                                       generator=generator)
+        out[active, step] = tokens
+        if step == max_new_tokens - 1:
+            break
+        done = (tokens.unsqueeze(-1) == stop_tensor).any(-1)
+        if bool(done.any()):  # the loop's one host sync per step
+            kept = (~done).nonzero().squeeze(-1)
+            if kept.numel() == 0:
+                break
+            cache.batch_select_indices(kept)
+            active, tokens, position = active[kept], tokens[kept], position[kept]
+            if mask is not None:
+                mask = mask[kept]
+        logits = model(
+            input_ids=tokens.unsqueeze(-1),
+            attention_mask=None if mask is None else mask[:, : cache.get_seq_length() + 1],
+            position_ids=position + step, past_key_values=cache, use_cache=True,
+        ).logits[:, -1]
+    stop_set = set(stops)
+    responses = [[t for t in row if t >= 0] for row in out.tolist()]
+    return responses, [r[-1] in stop_set for r in responses]
+
+
+def _check_sampling(max_new_tokens: int, temperature: float, top_p: float, greedy: bool) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and temperature <= 0:
+        raise ValueError(f"temperature must be > 0 (greedy=True for argmax), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
 @torch.no_grad()
 def sample_responses(
     model: torch.nn.Module,
@@ -131,12 +290,16 @@ def sample_responses(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     batch_size: int | None = None,
+    greedy: bool = False,
 ) -> Rollout:
     """Sample one response per prompt with a KV cache, stopping each row at its first stop token.
 
+    Each distinct prompt of a batch is prefilled once and its cache rows are repeated for its
+    copies (a group of K samples pays one prefill).
+
     Args:
-        model: a Hugging Face causal LM (its device and dtype are used as they are; the trainer
-            passes a bf16 copy of the policy on CPU).
+        model: a Hugging Face causal LM with full-attention layers (its device and dtype are used
+            as they are; the trainer passes a bf16 copy of the policy on CPU).
         prompt_ids: ``B`` token-id lists (a prompt repeated K times gives K samples).
         max_new_tokens: cap on response length.
         stop_ids: end-of-turn token ids (see ``stop_token_ids``).
@@ -144,12 +307,14 @@ def sample_responses(
         temperature, top_p: sampling distribution (see ``sample_next_token``).
         generator: random stream on the model's device; same generator state -> same samples.
         batch_size: split the prompts into chunks of this many rows (None: one batch).
+        greedy: take the most likely token (``argmax`` of the logits, first index on ties, as
+            ``model.generate(do_sample=False)``) instead of sampling; ``temperature``, ``top_p``
+            and ``generator`` are then unused.
 
     Returns:
         ``Rollout`` with ``B`` responses in the order of ``prompt_ids``.
     """
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    _check_sampling(max_new_tokens, temperature, top_p, greedy)
     prompts = [list(map(int, p)) for p in prompt_ids]
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: every prompt needs at least one token")
@@ -159,7 +324,7 @@ def sample_responses(
             sample_responses(
                 model, prompts[i : i + batch_size], max_new_tokens=max_new_tokens,
                 stop_ids=stops, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                generator=generator,
+                generator=generator, greedy=greedy,
             )
             for i in range(0, len(prompts), batch_size)
         ]
@@ -169,48 +334,126 @@ def sample_responses(
             finished=[f for p in parts for f in p.finished],
         )
     device = next(model.parameters()).device
-    batch = len(prompts)
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, width), dtype=torch.long)
-    for row, p in enumerate(prompts):
-        input_ids[row, width - len(p) :] = torch.tensor(p)
-        attention[row, width - len(p) :] = 1
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp_(min=0)
-    stop_tensor = torch.tensor(stops, device=device)
-
-    cache = DynamicCache(config=cast(PreTrainedConfig, model.config))
-    responses: list[list[int]] = [[] for _ in range(batch)]
-    finished = [False] * batch
-    active = torch.arange(batch, device=device)  # original row of each live batch row
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    input_ids, attention, lengths = _left_pad([list(p) for p in distinct], pad_id, device)
+    prefill = DynamicCache(config=cast(PreTrainedConfig, model.config))
+    positions = None if attention is None else (attention.cumsum(-1) - 1).clamp_(min=0)
     logits = model(
         input_ids=input_ids, attention_mask=attention, position_ids=positions,
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        past_key_values=prefill, use_cache=True, logits_to_keep=1,
     ).logits[:, -1]
-    next_position = positions[:, -1:] + 1
-    for step in range(max_new_tokens):
-        tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
-                                   generator=generator)
-        done = torch.isin(tokens, stop_tensor)
-        for row, token, stop in zip(active.tolist(), tokens.tolist(), done.tolist(),
-                                    strict=True):
-            responses[row].append(token)
-            finished[row] = stop
-        if step == max_new_tokens - 1:
-            break
-        keep = ~done
-        if not bool(keep.any()):
-            break
-        if not bool(keep.all()):
-            kept = keep.nonzero().squeeze(-1)
-            cache.batch_select_indices(kept)
-            active, tokens = active[kept], tokens[kept]
-            attention, next_position = attention[kept], next_position[kept]
-        attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=-1)
-        logits = model(
-            input_ids=tokens.unsqueeze(-1), attention_mask=attention, position_ids=next_position,
-            past_key_values=cache, use_cache=True,
-        ).logits[:, -1]
-        next_position = next_position + 1
+    rows = torch.tensor(source, device=device)
+    if len(distinct) == len(prompts):
+        cache = _buffered_cache(prefill, lambda t: t, max_new_tokens)
+    else:
+        cache = _buffered_cache(prefill, lambda t: t[rows], max_new_tokens)
+        logits, lengths = logits[rows], lengths[rows]
+        attention = None if attention is None else attention[rows]
+    del prefill
+    responses, finished = _decode(
+        model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens, stops=stops,
+        temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
+    )
     return Rollout(prompt_ids=prompts, response_ids=responses, finished=finished)
+
+
+@torch.no_grad()
+def sample_continuations(
+    model: torch.nn.Module,
+    prefix_ids: Sequence[int],
+    cuts: Sequence[int],
+    samples: int,
+    *,
+    max_new_tokens: int,
+    stop_ids: Iterable[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    batch_size: int | None = None,
+    greedy: bool = False,
+) -> list[Rollout]:
+    """Sample ``samples`` continuations of each prefix ``prefix_ids[:c]``, ``c`` in ``cuts``,
+    from one forward pass over ``prefix_ids``.
+
+    The KV cache of the whole sequence is computed once; the rows of cut ``c`` start from its
+    first ``c`` positions (repeated ``samples`` times, no re-prefill) and from the logits at
+    position ``c - 1``, which causal attention makes those of the prefix alone. Rows of
+    different cuts decode together, their caches left-padded to the longest cut of the batch
+    and masked. Sampling, stopping and determinism are those of :func:`sample_responses`.
+
+    Args:
+        model: a Hugging Face causal LM with full-attention layers.
+        prefix_ids: one token sequence of length ``L`` (e.g. prompt + sampled response).
+        cuts: prefix lengths, each in ``[1, L]`` (repeats allowed).
+        samples: continuations per cut (>= 1).
+        max_new_tokens, stop_ids, temperature, top_p, generator, greedy: as in
+            :func:`sample_responses`.
+        pad_id: accepted for symmetry with :func:`sample_responses`; no pad token is ever fed
+            (padding lives in the cache and is masked).
+        batch_size: rows (continuations) decoded at once, ``len(cuts) * samples`` in all
+            (None: all at once). Rows are taken cut by cut, so a batch spans several cuts.
+
+    Returns:
+        One ``Rollout`` per cut, in the order of ``cuts``: ``prompt_ids`` holds ``samples``
+        copies of ``prefix_ids[:c]``, ``response_ids`` their continuations.
+    """
+    _check_sampling(max_new_tokens, temperature, top_p, greedy)
+    prefix = [int(t) for t in prefix_ids]
+    cut_list = [int(c) for c in cuts]
+    if not prefix:
+        raise ValueError("prefix_ids: needs at least one token")
+    if not cut_list:
+        raise ValueError("cuts: needs at least one cut")
+    bad = [c for c in cut_list if not 1 <= c <= len(prefix)]
+    if bad:
+        raise ValueError(f"cuts must be in [1, {len(prefix)}] (the prefix length), got {bad}")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    stops = sorted(set(int(s) for s in stop_ids))
+    device = next(model.parameters()).device
+    full = DynamicCache(config=cast(PreTrainedConfig, model.config))
+    distinct = sorted(set(cut_list))
+    keep = torch.tensor([c - 1 for c in distinct], device=device)
+    cut_logits = model(
+        input_ids=torch.tensor([prefix], device=device), past_key_values=full, use_cache=True,
+        logits_to_keep=keep,
+    ).logits[0]  # [len(distinct), V]: logits after each distinct cut
+    logit_row = {c: i for i, c in enumerate(distinct)}
+    row_cuts = [c for c in cut_list for _ in range(samples)]  # cut by cut, in order of cuts
+    chunk = batch_size or len(row_cuts)
+    responses: list[list[int]] = []
+    finished: list[bool] = []
+    for start in range(0, len(row_cuts), chunk):
+        lengths = torch.tensor(row_cuts[start : start + chunk], device=device)
+        width = int(lengths.max())
+        # row r's cache holds positions 0..c_r-1, right-aligned in `width` columns; the columns
+        # before it repeat position 0 (finite values, masked out)
+        column = torch.arange(width, device=device)
+        offset = (width - lengths).unsqueeze(-1)
+        source = (column - offset).clamp_(min=0)  # [R, W] position read into each column
+        def take(t: torch.Tensor, source: torch.Tensor = source) -> torch.Tensor:
+            return t[0][:, source].transpose(0, 1)  # [1, H, L, D] -> [R, H, W, D]
+
+        cache = _buffered_cache(full, take, max_new_tokens)
+        attention = None
+        if bool((lengths < width).any()):
+            attention = (column >= offset).long()
+        logits = cut_logits[torch.tensor([logit_row[c] for c in row_cuts[start:start + chunk]],
+                                         device=device)]
+        part, done = _decode(
+            model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens,
+            stops=stops, temperature=temperature, top_p=top_p, greedy=greedy,
+            generator=generator,
+        )
+        responses += part
+        finished += done
+    return [
+        Rollout(prompt_ids=[prefix[:c] for _ in range(samples)],
+                response_ids=responses[i * samples : (i + 1) * samples],
+                finished=finished[i * samples : (i + 1) * samples])
+        for i, c in enumerate(cut_list)
+    ]
