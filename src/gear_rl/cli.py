@@ -1,6 +1,7 @@
 """`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch),
 ``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k), ``report``
-(curves and the token-credit viewer of a run), ``compare`` (methods over seeds)."""
+(curves and the token-credit viewer of a run), ``compare`` (methods over seeds),
+``credit-check`` (every estimator's per-token credit against a Monte-Carlo ground truth)."""
 
 from __future__ import annotations
 
@@ -335,8 +336,111 @@ def _compare(argv: list[str]) -> int:
     return 0
 
 
+_CREDIT_CHECK_USAGE = """usage: gear-rl credit-check [RUN_DIR | model=... task=...] [key=value ...]
+
+Is the credit right? Samples trajectories in full prompt groups with the trainer's sampler,
+estimates each chosen trajectory's per-token Monte-Carlo advantage V(x, y_<=t) - V(x, y_<t)
+(continuations from every prefix), scores every applicable estimator (and the variants asked
+for) against it, and writes credit_check.md, credit_check.json and credit_check.png under out=
+(default RUN_DIR/credit_check, or ./credit_check). Rerunning the same command continues an
+interrupted check. Definitions: docs/credit_check.md.
+
+With RUN_DIR, the run's config (model, task, sampler, signals) and newest intact checkpoint are
+used; only device, threads, precision, rollout.batch_size, signals.batch_size,
+signals.chunk_size and plugins may change. Otherwise any gear-rl train key sets them
+(model=smollm2-135m task=products rollout.temperature=...).
+
+examples:
+  gear-rl credit-check runs/RUN_DIR groups=32 continuations=16
+  gear-rl credit-check model=smollm2-135m task=products estimators=grpo,gear,rlsd \\
+      variant.gear_k1.estimator=gear variant.gear_k1.signals.divergence=k1 \\
+      variant.gear_lh.estimator=gear variant.gear_lh.credit.lambda_h=1.2 out=cc/
+"""
+
+
+def _credit_check_help() -> str:
+    from gear_rl.credit_check import CreditCheckConfig
+    from gear_rl.train.config import field_default, field_docs
+
+    lines = [_CREDIT_CHECK_USAGE, "keys (KEY = DEFAULT, then what it sets):",
+             *_key_lines("out", None, "the output folder (default RUN_DIR/credit_check, or "
+                         "./credit_check)")]
+    docs = field_docs(CreditCheckConfig)
+    for f in dataclasses.fields(CreditCheckConfig):
+        if f.name == "variants":
+            lines.extend(_key_lines("variant.NAME.estimator", None,
+                                    "a reading scored beside the defaults, named NAME"))
+            lines.extend(_key_lines("variant.NAME.credit.FIELD", None,
+                                    "a config field of that estimator"))
+            lines.extend(_key_lines("variant.NAME.signals.KEY", None,
+                                    "divergence, topk, placement or answer_template for that "
+                                    "variant only"))
+            continue
+        lines.extend(_key_lines(f.name, field_default(f), docs[f.name]))
+    return "\n".join(lines)
+
+
+def _credit_check(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(_credit_check_help())
+        return 0
+    out = None
+    try:
+        import dataclasses as _dc
+        from pathlib import Path
+
+        from gear_rl.credit_check import (
+            CREDIT_CHECK_DIR,
+            CreditCheckConfig,
+            credit_check,
+            run_check_config,
+        )
+        from gear_rl.train.config import TrainConfig, config_from_dict, parse_overrides
+
+        target: str | None = None
+        items: list[str] = []
+        for position, arg in enumerate(argv):
+            if "=" not in arg and position == 0:
+                target = arg
+            elif "=" not in arg:
+                raise ValueError(f"argument {arg!r} is not key=value (only the first argument "
+                                 "may be a run directory)")
+            else:
+                items.append(arg)
+        parsed = parse_overrides(items)
+        fields = {f.name for f in _dc.fields(CreditCheckConfig)}
+        check_values = {k: v for k, v in parsed.items()
+                        if k in fields or k.startswith("variant.")}
+        train_values = {k: v for k, v in parsed.items()
+                        if k not in check_values and k != "out"}
+        check = CreditCheckConfig.from_overrides(check_values)
+        checkpoint, step = None, 0
+        if target is not None:
+            config, checkpoint, step = run_check_config(target, train_values)
+            out = Path(parsed.get("out") or Path(target) / CREDIT_CHECK_DIR)
+        else:
+            config = config_from_dict(train_values, TrainConfig())
+            config.validate()
+            out = Path(parsed.get("out") or CREDIT_CHECK_DIR)
+        result = credit_check(config, check, out, checkpoint=checkpoint, checkpoint_step=step)
+    except ValueError as error:
+        print(f"gear-rl credit-check: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ngear-rl credit-check: interrupted; the finished trajectories are kept in "
+              f"{out}/values.jsonl: rerun the same command to continue", file=sys.stderr)
+        return 130
+    print(result.table)
+    written = [result.markdown, result.json] + ([result.plot] if result.plot else [])
+    print(f"[gear-rl] wrote {', '.join(map(str, written))}", file=sys.stderr)
+    if not result.complete:
+        print("[gear-rl] the token budget stopped the check before every trajectory had its "
+              "truth; rerun with a larger budget= to continue", file=sys.stderr)
+    return 0
+
+
 COMMANDS = {"demo": _demo, "train": _train, "eval": _eval, "report": _report,
-            "compare": _compare}
+            "compare": _compare, "credit-check": _credit_check}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -134,6 +134,49 @@ class CreditCheckConfig:
     shared_prefix: bool | None = None
     progress: bool = True
 
+    @classmethod
+    def from_overrides(cls, values: Mapping[str, Any]) -> CreditCheckConfig:
+        """A config from ``key=value`` overrides already parsed as YAML scalars
+        (``gear_rl.train.config.parse_overrides``): comma-separated strings become the lists of
+        ``estimators`` and ``precision_k``; ``variant.NAME.estimator`` (or ``variant.NAME``),
+        ``variant.NAME.credit.FIELD`` and ``variant.NAME.signals.KEY`` build ``variants``.
+        Unknown keys raise, naming the valid ones."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"variants"}
+        kwargs: dict[str, Any] = {}
+        variants: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            if key.startswith("variant."):
+                name, _, sub = key[len("variant."):].partition(".")
+                entry = variants.setdefault(name, {"credit": {}, "signals": {}})
+                section, _, leaf = sub.partition(".")
+                if sub in ("", "estimator"):
+                    entry["estimator"] = value
+                elif section in ("credit", "signals") and leaf:
+                    entry[section][leaf] = value
+                else:
+                    raise ValueError(f"{key}: a variant takes variant.NAME.estimator, "
+                                     "variant.NAME.credit.FIELD and variant.NAME.signals.KEY")
+                continue
+            if key not in fields:
+                raise ValueError(f"unknown credit-check key {key!r}; valid: "
+                                 f"{', '.join(sorted(fields))}, variant.NAME.*")
+            if key in ("estimators", "precision_k") and isinstance(value, (str, int)):
+                value = [part.strip() for part in str(value).split(",") if part.strip()]
+            if key == "precision_k" and isinstance(value, list):
+                try:
+                    value = [int(v) for v in value]
+                except ValueError as error:
+                    raise ValueError(f"precision_k must be integers, got {value!r}") from error
+            if key == "estimators" and value in (["all"], "all"):
+                value = None
+            kwargs[key] = value
+        for name, entry in variants.items():
+            if "estimator" not in entry:
+                raise ValueError(f"variant {name!r} needs variant.{name}.estimator=NAME")
+        config = cls(**kwargs, variants=dict(variants))
+        config.validate()
+        return config
+
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field; normalises ``variants`` to
         :class:`Variant` values."""

@@ -1,0 +1,408 @@
+"""The credit check (issue 16): Monte-Carlo values against exact enumeration, the scores'
+definitions, a task decided at one token, bad input, resume after an interruption, and the CLI
+and report end to end on tiny models."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gear_rl.credit_check import (
+    CreditCheckConfig,
+    TrajectoryUnits,
+    check_task,
+    choose_boundaries,
+    cluster_bootstrap,
+    credit_check,
+    estimate_prefix_values,
+    exact_value,
+    nucleus_probs,
+    plan_rows,
+    precision_at_k,
+    run_check_config,
+    score_estimate,
+    shared_prefix_available,
+    span_shares,
+    span_sums,
+    spearman,
+    top_k_shares,
+)
+from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+from gear_rl.tasks import AgentSpec, Problem, Task
+from gear_rl.train import load_config
+from gear_rl.train.rollout import sample_responses
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = ["model=tiny-random", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
+         "rollout.max_new_tokens=6"]
+
+
+def _problems(count: int) -> list[Problem]:
+    return [Problem(id=f"p{i}", prompt=[{"role": "user", "content": f"say something {i}"}],
+                    answer="x", reference="x") for i in range(count)]
+
+
+def _first_letter(text: str) -> str | None:
+    return next((c for c in text if c.isascii() and c.isalpha()), None)
+
+
+def first_letter_task() -> Task:
+    """Reward 1 when the response's first ASCII letter is lowercase: decided at one token (the
+    first letter byte; nothing before or after it can change the reward)."""
+    problems = _problems(8)
+
+    def scorer(problem: Problem, text: str) -> float:
+        letter = _first_letter(text)
+        return float(letter is not None and letter.islower())
+
+    return Task(name="first-letter", train=problems[:6], eval=problems[6:], scorer=scorer,
+                extract=_first_letter)
+
+
+def _tiny(seed: int = 1) -> tuple[torch.nn.Module, object]:
+    return tiny_random_model("llama", seed=seed), build_tiny_tokenizer()
+
+
+# ------------------------------------------------------------------ (b) V against exact values
+@pytest.mark.parametrize("shared", [False, True])
+def test_monte_carlo_value_matches_exact_enumeration(shared: bool) -> None:
+    if shared and not shared_prefix_available():
+        pytest.skip("gear_rl.train.rollout.sample_continuations has not landed yet")
+    vocab, stop, horizon = 6, 5, 4
+    model = tiny_random_model("llama", vocab_size=vocab, hidden_size=32, num_heads=4,
+                              num_kv_heads=2, intermediate_size=64, initializer_range=0.05,
+                              seed=3)
+    settings = {"temperature": 0.8, "top_p": 0.9}
+
+    def reward(ids, finished: bool) -> float:
+        ids = list(ids)
+        return 0.5 * (1 in ids) + 0.3 * finished + 0.2 * (ids.count(3) >= 2)
+
+    prompt = [0, 2, 4]
+    generator = torch.Generator().manual_seed(0)
+    response = None
+    for _ in range(20):  # a response that leaves room to continue from its middle
+        drawn = sample_responses(model, [prompt], max_new_tokens=horizon, stop_ids=[stop],
+                                 pad_id=0, generator=generator, **settings)
+        if len(drawn.response_ids[0]) >= 3:
+            response, finished = drawn.response_ids[0], drawn.finished[0]
+            break
+    assert response is not None
+    bounds = list(range(len(response) + 1))
+    values = estimate_prefix_values(model, prompt, response, finished, bounds, samples=4000,
+                                    reward_fn=reward, max_new_tokens=horizon, stop_ids=[stop],
+                                    pad_id=0, seeds=[11], shared=shared, batch_size=None,
+                                    **settings)
+    mc, se = values.values(0), values.stderr(0)
+    exact = [exact_value(model, prompt + response[:b],
+                         reward_fn=lambda cont, done, b=b: reward(response[:b] + cont, done),
+                         max_new_tokens=horizon - b, stop_ids=[stop], **settings)
+             for b in bounds]
+    assert values.terminal == [b == len(response) for b in bounds]
+    assert mc[-1] == reward(response, finished) and se[-1] == 0.0
+    assert len({round(v, 6) for v in exact}) > 1  # a prefix changes the value
+    for b in bounds[:-1]:
+        assert 0 < se[b] < 0.02
+        assert abs(mc[b] - exact[b]) < 4 * se[b], (b, mc[b], exact[b], se[b])
+
+
+def test_exact_value_of_a_uniform_model_by_hand() -> None:
+    """A model with zero output weights samples uniformly: with 3 tokens (2 stops the
+    response), budget 2 and reward = finished, V = P(stop within 2) = 1/3 + 2/3 * 1/3."""
+    model = tiny_random_model("llama", vocab_size=3, hidden_size=8, num_heads=2,
+                              num_kv_heads=1, intermediate_size=16)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    value = exact_value(model, [0], reward_fn=lambda ids, done: float(done), max_new_tokens=2,
+                        stop_ids=[2])
+    assert value == pytest.approx(1 / 3 + 2 / 9)
+    # the nucleus keeps a token while the mass before it is below top_p: of three equal
+    # tokens, top_p=0.5 keeps two (mass before them 0 and 1/3), renormalised
+    kept = nucleus_probs(torch.zeros(1, 3), top_p=0.5)[0].sort().values
+    assert kept.tolist() == pytest.approx([0.0, 0.5, 0.5])
+    assert nucleus_probs(torch.tensor([[2.0, 0.0]]), temperature=2.0)[0].tolist() == \
+        pytest.approx([math.e / (math.e + 1), 1 / (math.e + 1)])
+
+
+# ------------------------------------------------------------------ the scores' definitions
+def test_score_definitions_by_hand() -> None:
+    assert spearman(np.ones(4), np.array([0.1, -0.2, 0.3, 0.0])) == 0.0  # constant: the floor
+    assert spearman(np.array([1.0, 2, 3, 4]), np.array([0.1, 0.2, 0.3, 0.9])) == 1.0
+    assert top_k_shares(np.array([3.0, -3, 1, 0]), 1).tolist() == [0.5, 0.5, 0.0, 0.0]
+    assert top_k_shares(np.array([3.0, 2, 2, 2]), 2).tolist() == pytest.approx(
+        [1, 1 / 3, 1 / 3, 1 / 3])
+    truth = np.array([0.1, -0.6, 0.2, 0.0, 0.05])
+    assert precision_at_k(np.ones(5), truth, 1) == pytest.approx(0.2)  # uniform: chance
+    assert precision_at_k(np.ones(5), truth, 3) == pytest.approx(0.6)
+    assert precision_at_k(np.array([0, 5.0, 1, 0, 0]), truth, 2) == 1.0
+    assert span_sums(np.array([1.0, 2, 3, 4, 5]), [0, 2, 5]).tolist() == [3.0, 12.0]
+    assert span_sums(np.array([1.0, 2, 3]), [0, 3], mask=np.array([1, 0, 1])).tolist() == [4.0]
+    assert span_shares(np.array([1, 1, 0, 0], bool), [0, 1, 4]).tolist() == pytest.approx(
+        [1.0, 1 / 3])
+    assert choose_boundaries(5) == [0, 1, 2, 3, 4, 5]
+    assert choose_boundaries(5, every=2) == [0, 2, 4, 5]
+    assert choose_boundaries(6, segment_onsets=[-1, 1, 1, 1, 4, -1]) == [0, 1, 4, 5, 6]
+    # ratio of sums over groups; one group has no interval
+    interval = cluster_bootstrap([1.0, 3.0, 2.0], [1, 1, 2], ["a", "a", "b"], resamples=500)
+    assert interval.value == pytest.approx(1.5) and interval.groups == 2
+    assert interval.low <= interval.value <= interval.high
+    lone = cluster_bootstrap([1.0, 3.0], [1, 1], ["a", "a"])
+    assert lone.value == 2.0 and math.isnan(lone.low)
+
+
+def test_score_estimate_ranks_an_aligned_estimator_above_uniform_credit() -> None:
+    rng = np.random.default_rng(0)
+    units, aligned, uniform, inside = [], [], [], []
+    for i in range(12):
+        truth = rng.normal(size=6)
+        units.append(TrajectoryUnits(group=i // 3, truth=truth, truth_se=np.full(6, 0.1),
+                                     outcome=1.0, tokens=np.ones(6)))
+        aligned.append(truth + rng.normal(scale=0.3, size=6))
+        uniform.append(np.ones(6))
+        inside.append((np.abs(truth) >= np.sort(np.abs(truth))[3]).astype(float))
+    good = score_estimate(units, aligned, ks=(1,), inside=inside, resamples=300)
+    floor = score_estimate(units, uniform, ks=(1,), resamples=300)
+    assert good["spearman"].value > 0.8 and good["spearman"].low > 0.5
+    assert floor["spearman"].value == 0.0
+    assert floor["precision@1"].value == pytest.approx(1 / 6)
+    assert good["precision@1"].value > 0.5
+    # the segments hold the 3 largest |truth| units: more mass than their token share
+    assert good["segment_mass"].value > good["segment_tokens"].value == pytest.approx(0.5)
+    assert good["spearman"].groups == 4 and good["spearman"].trajectories == 12
+
+
+# ------------------------------------------------------------------ (a) decided at one token
+def test_task_decided_at_one_token(tmp_path: Path) -> None:
+    config = load_config(None, [*SMALL, "rollout.max_new_tokens=8"])
+    model, tokenizer = _tiny()
+    check = CreditCheckConfig(groups=4, per_group=2, continuations=32, replicates=1,
+                              estimators=["grpo"], bootstrap=200, progress=False,
+                              plot_trajectories=2, seed=1)
+    result = credit_check(config, check, tmp_path / "cc", model=model, tokenizer=tokenizer,
+                          task=first_letter_task())
+    trajectories = result.data["trajectories"]
+    assert len(trajectories) >= 4
+    units, oracle, uniform, argmax_hits, decided = [], [], [], 0, 0
+    for traj in trajectories:
+        tokens, mc = traj["tokens"], np.array(traj["mc_advantage"])
+        letters = [i for i, t in enumerate(tokens) if t.isascii() and t.isalpha()]
+        credit = np.zeros(len(tokens))
+        if letters:
+            decision = letters[0]
+            decided += 1
+            # nothing after the deciding token changes the reward: the truth is exactly 0 there
+            assert np.all(mc[decision + 1:] == 0.0)
+            argmax_hits += int(np.argmax(np.abs(mc)) == decision)
+            credit[decision] = traj["advantage"]
+        units.append(TrajectoryUnits(group=traj["group"], truth=mc,
+                                     truth_se=np.zeros(len(mc)), outcome=traj["advantage"],
+                                     tokens=np.ones(len(mc))))
+        oracle.append(credit)
+        uniform.append(np.array(traj["advantages"]["grpo"]))
+    assert decided >= 3 and argmax_hits >= 0.75 * decided
+    good = score_estimate(units, oracle, ks=(1,), resamples=200)
+    floor = score_estimate(units, uniform, ks=(1,), resamples=200)
+    assert floor["spearman"].value == 0.0  # GRPO: uniform credit
+    assert good["spearman"].value > floor["spearman"].value + 0.3
+    assert good["precision@1"].value > floor["precision@1"].value + 0.3
+    grpo = result.data["scores"]["rows"][0]
+    assert grpo["label"] == "grpo" and grpo["floor"]
+    assert grpo["scores"]["first"]["spearman"]["value"] == 0.0
+    assert result.plot is not None and result.plot.read_bytes()[:4] == b"\x89PNG"
+    assert "grpo (floor: uniform credit)" in result.markdown.read_text()
+
+
+# ------------------------------------------------------------------ (c) bad input
+def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
+    config = load_config(None, SMALL)
+    with pytest.raises(ValueError, match=r"no config.yaml"):
+        run_check_config(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    with pytest.raises(ValueError, match="no intact checkpoint"):
+        run_check_config(run)
+    problems = _problems(4)
+    agent = Task(name="tools", train=problems[:2], eval=problems[2:], scorer=lambda p, t: 0.0,
+                 extract=lambda t: t, agent=AgentSpec())
+    with pytest.raises(ValueError, match=r"agent task.*resume mid-episode"):
+        check_task(agent)
+    blind = Task(name="blind", train=problems[:2], eval=problems[2:],
+                 scorer=None, extract=lambda t: t)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="has no scorer"):
+        check_task(blind)
+    with pytest.raises(ValueError, match="has no scorer"):
+        credit_check(config, CreditCheckConfig(progress=False), tmp_path / "x",
+                     model=_tiny()[0], tokenizer=build_tiny_tokenizer(), task=blind)
+    for name, why in (("gigpo", "multi-turn"), ("opsd", "uses_reward=False")):
+        with pytest.raises(ValueError, match=f"estimator '{name}' cannot be scored.*{why}"):
+            plan_rows(CreditCheckConfig(estimators=[name]), config)
+    with pytest.raises(ValueError, match=r"variant 'steps'.*multi-turn"):
+        plan_rows(CreditCheckConfig(variants={"steps": "turn_level"}), config)
+    with pytest.raises(ValueError, match=r"variant.bad.signals: unknown key"):
+        plan_rows(CreditCheckConfig(variants={"bad": ("gear", {}, {"temperature": 2})}),
+                  config)
+    with pytest.raises(ValueError, match=r"variant.k.signals.divergence must be one of"):
+        plan_rows(CreditCheckConfig(variants={"k": ("gear", {}, {"divergence": "k9"})}),
+                  config)
+    with pytest.raises(ValueError, match=r"variant.g.credit: .*no config field"):
+        plan_rows(CreditCheckConfig(variants={"g": ("gear", {"lambda": 1})}), config)
+    with pytest.raises(ValueError, match="unknown estimator"):
+        plan_rows(CreditCheckConfig(estimators=["nope"]), config)
+    rows, skipped = plan_rows(CreditCheckConfig(), config)
+    assert {"grpo", "gear", "rlsd"} <= {r.label for r in rows}
+    assert "gigpo" in skipped and "opsd" in skipped
+    with pytest.raises(ValueError, match="not empty and holds no credit check"):
+        (tmp_path / "busy").mkdir()
+        (tmp_path / "busy" / "notes.txt").write_text("mine")
+        credit_check(config, CreditCheckConfig(groups=2, progress=False), tmp_path / "busy",
+                     model=_tiny()[0], tokenizer=build_tiny_tokenizer(),
+                     task=first_letter_task())
+
+
+# ------------------------------------------------------------------ (d) resume
+def test_resume_after_an_interruption_matches_an_uninterrupted_check(tmp_path: Path) -> None:
+    config = load_config(None, SMALL)
+    task = first_letter_task()
+
+    def run(out: Path, **overrides):
+        settings = {"groups": 2, "per_group": 2, "continuations": 2, "bootstrap": 50,
+                    "estimators": ["grpo"], "progress": False, "plot_trajectories": 0}
+        check = CreditCheckConfig(**{**settings, **overrides})
+        model, tokenizer = _tiny()
+        return credit_check(config, check, out, model=model, tokenizer=tokenizer, task=task)
+
+    whole = run(tmp_path / "whole")
+    assert whole.complete and whole.data["counts"]["truth_done"] >= 3, whole.data["counts"]
+    # a budget that stops after the first trajectory, then a kill mid-write
+    partial = run(tmp_path / "cut", budget=1)
+    assert not partial.complete and partial.data["counts"]["truth_done"] == 1
+    values = tmp_path / "cut" / "values.jsonl"
+    second = (tmp_path / "whole" / "values.jsonl").read_text().splitlines()[1]
+    values.write_text(values.read_text() + second[:len(second) // 2])  # half a line
+    with pytest.warns(UserWarning, match="half-written last line"):
+        resumed = run(tmp_path / "cut")
+    assert resumed.complete
+    assert resumed.data["timing"]["truth_tokens_this_session"] < \
+        whole.data["timing"]["truth_tokens_this_session"]
+    assert resumed.data["scores"] == whole.data["scores"]
+    assert resumed.data["trajectories"] == whole.data["trajectories"]
+    assert (tmp_path / "cut" / "values.jsonl").read_text() == values.read_text()
+    # other settings in the same folder are refused
+    with pytest.raises(ValueError, match=r"other settings.*continuations"):
+        run(tmp_path / "cut", continuations=4)
+
+
+# ------------------------------------------------------------------ (e) CLI and report
+def _viewer(page: str) -> dict:
+    marker = '<script type="application/json" id="report-data">'
+    return json.loads(page.split(marker)[1].split("</script>")[0].replace("<\\/", "</"))
+
+
+def test_cli_end_to_end_and_the_report_viewer(tmp_path: Path, capsys) -> None:
+    from gear_rl.cli import main
+    from gear_rl.report import build_report
+
+    out = tmp_path / "cc"
+    args = ["credit-check", "model=tiny-random", "task=products", "train_size=8",
+            "eval.size=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=5",
+            "groups=2", "per_group=1", "mixed_only=false", "continuations=2",
+            "estimators=grpo,gear", "variant.gear_k3.estimator=gear",
+            "variant.gear_k3.signals.divergence=k3", "progress=false", "bootstrap=20",
+            "every=2", "plot_trajectories=1", f"out={out}"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "| grpo (floor: uniform credit) |" in printed and "noise ceiling" in printed
+    assert "| gear_k3 (variant of gear) |" in printed
+    data = json.loads((out / "credit_check.json").read_text())
+    assert [r["label"] for r in data["scores"]["rows"]] == ["grpo", "gear", "gear_k3"]
+    assert data["scores"]["rows"][2]["signals"]["divergence"] == "k3"
+    assert data["settings"]["every"] == 2 and data["settings"]["checkpoint_step"] == 0
+    for traj in data["trajectories"]:
+        length = len(traj["tokens"])
+        assert traj["boundaries"] == sorted({*range(0, length, 2), length})
+    assert (out / "credit_check.png").is_file() and (out / "credit_check.md").is_file()
+    # the same command again: every trajectory is recorded, nothing is sampled
+    assert main(args) == 0
+    again = json.loads((out / "credit_check.json").read_text())
+    assert again["timing"]["truth_tokens_this_session"] == 0
+    assert again["scores"] == data["scores"]
+
+    # the report of a run whose folder holds this credit check colours by the MC advantage
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("model: tiny-random\nestimator: gear\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.5}) + "\n")
+    shutil.copytree(out, run / "credit_check")
+    page = build_report(run).html.read_text()
+    viewer = _viewer(page)
+    assert any(s["key"] == "mc_advantage" and s["available"] for s in viewer["signals"])
+    entry = viewer["steps"][-1]
+    assert entry["label"] == "credit check (checkpoint step 0)"
+    traj = entry["pairs"][0]["pos"]
+    assert len(traj["signals"]["mc_advantage"]) == len(traj["tokens"])
+    assert traj["signals"]["advantage"] is not None  # the run's estimator, gear
+    assert 'id="credit-check-note"' in page
+    # a run without a credit check offers no such signal
+    shutil.rmtree(run / "credit_check")
+    keys = [s["key"] for s in _viewer(build_report(run).html.read_text())["signals"]]
+    assert "mc_advantage" not in keys
+
+
+def test_cli_errors(tmp_path: Path, capsys) -> None:
+    from gear_rl.cli import main
+
+    assert main(["credit-check", str(tmp_path / "nowhere")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-000003").mkdir(parents=True)
+    (run / "config.yaml").write_text("model: tiny-random\n")
+    assert main(["credit-check", str(run)]) == 2
+    assert "no intact checkpoint" in capsys.readouterr().err
+    (run / "checkpoints" / "step-000003" / "state.pt").write_bytes(b"")
+    (run / "checkpoints" / "latest").write_text("step-000003\n")
+    assert main(["credit-check", str(run), "rollout.temperature=0.5"]) == 2
+    assert "cannot change when checking a run" in capsys.readouterr().err
+    assert main(["credit-check", "model=tiny-random", "task=sokoban", "train_size=2",
+                 "eval.size=1", f"out={tmp_path / 'env'}"]) == 2
+    assert "environment task" in capsys.readouterr().err
+    assert main(["credit-check", "model=tiny-random", "estimators=gigpo"]) == 2
+    assert "multi-turn" in capsys.readouterr().err
+    assert main(["credit-check", "model=tiny-random", "variant.x.credit.lambda_h=2"]) == 2
+    assert "variant.x.estimator" in capsys.readouterr().err
+    assert main(["credit-check", "model=tiny-random", "contiuations=4"]) == 2
+    assert "unknown config key 'contiuations'" in capsys.readouterr().err
+    assert main(["credit-check", "--help"]) == 0
+    assert "variant.NAME.signals.KEY" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_cli_on_a_trained_run(tmp_path: Path, capsys) -> None:
+    """``gear-rl credit-check RUN_DIR``: the run's config and latest checkpoint, output in
+    RUN_DIR/credit_check, which ``gear-rl report`` then shows."""
+    from conftest import tiny_trainer
+    from gear_rl.cli import main
+    from gear_rl.report import build_report
+
+    run_dir = tmp_path / "run"
+    tiny_trainer(run_dir, "steps=1", "train_size=12", "eval.size=4",
+                 task=first_letter_task()).train()
+    capsys.readouterr()
+    # the config names products (the trainer was handed a Task object): on a random model
+    # every reward is 0, so every group is scored
+    assert main(["credit-check", str(run_dir), "groups=2", "per_group=1", "mixed_only=false",
+                 "continuations=2", "bootstrap=20", "estimators=grpo,gear",
+                 "progress=false"]) == 0
+    assert "noise ceiling" in capsys.readouterr().out
+    data = json.loads((run_dir / "credit_check" / "credit_check.json").read_text())
+    assert data["settings"]["checkpoint_step"] == 1
+    assert data["settings"]["checkpoint"].endswith("step-000001")
+    viewer = _viewer(build_report(run_dir).html.read_text())
+    assert viewer["steps"][-1]["label"] == "credit check (checkpoint step 1)"
