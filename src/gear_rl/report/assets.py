@@ -264,7 +264,7 @@ function init() {
   fillSelect($("signal"),
              SIGNALS.map((s) => [s.key, s.label + (s.available ? "" : " (not logged)")]));
   $("signal").value = DATA.default_signal;
-  fillSelect($("step"), DATA.steps.map((s, i) => [i, `step ${s.step}`]));
+  fillSelect($("step"), DATA.steps.map((s, i) => [i, s.label || `step ${s.step}`]));
   $("step").addEventListener("change", onStep);
   $("pair").addEventListener("change", render);
   $("signal").addEventListener("change", render);

@@ -9,6 +9,7 @@ normalised divergence) reuse the credit package's own normaliser, so the viewer 
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -36,9 +37,10 @@ __all__ = [
     "weight_stats_by_step",
 ]
 
-# Per-token fields of a samples.jsonl record (all optional except tokens).
+# Per-token fields of a samples.jsonl record (all optional except tokens); ``mc_advantage``
+# only in the records read from a credit check.
 TOKEN_FIELDS = ("mask", "entropy", "divergence", "student_logprobs", "teacher_logprobs",
-                "token_advantage", "weight", "segment_onset")
+                "token_advantage", "weight", "segment_onset", "mc_advantage")
 
 
 @dataclass
@@ -51,6 +53,10 @@ class RunData:
         metrics: ``metrics.jsonl`` records in file order.
         samples: ``samples.jsonl`` records in file order.
         summary: ``summary.json`` ({} when absent: an unfinished run).
+        credit_check: the trajectories of ``RUN_DIR/credit_check/credit_check.json`` (``gear-rl
+            credit-check RUN_DIR``) as sample records with their Monte-Carlo advantage
+            (``mc_advantage``), [] when the run has no credit check.
+        credit_check_step: the checkpoint step the credit check was run at (None: none).
     """
 
     path: Path
@@ -58,6 +64,8 @@ class RunData:
     metrics: list[dict[str, Any]]
     samples: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
+    credit_check: list[dict[str, Any]] = field(default_factory=list)
+    credit_check_step: int | None = None
 
     @property
     def estimator(self) -> str:
@@ -110,8 +118,46 @@ def load_run(run_dir: str | Path) -> RunData:
     samples = run.read_samples()
     for number, sample in enumerate(samples, start=1):
         _check_sample(sample, run.samples_path, number)
+    checked, step = credit_check_samples(path)
     return RunData(path=path, config=run.read_config(), metrics=run.read_metrics(),
-                   samples=samples, summary=run.read_summary())
+                   samples=samples, summary=run.read_summary(), credit_check=checked,
+                   credit_check_step=step)
+
+
+def credit_check_samples(run_dir: str | Path) -> tuple[list[dict[str, Any]], int | None]:
+    """The scored trajectories of the run's credit check (``RUN_DIR/credit_check/
+    credit_check.json``, written by ``gear-rl credit-check RUN_DIR``) as ``samples.jsonl``-like
+    records with ``mc_advantage`` (each token's share of its unit's Monte-Carlo advantage), the
+    run's own estimator's ``token_advantage`` and ``weight``, and the checkpoint step they were
+    sampled at. ``([], None)`` when the run has no credit check; a malformed file raises
+    ``ValueError`` naming it."""
+    from gear_rl.credit_check.run import CREDIT_CHECK_DIR, RESULT_JSON
+
+    path = Path(run_dir) / CREDIT_CHECK_DIR / RESULT_JSON
+    if not path.is_file():
+        return [], None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        step = int(data["settings"]["checkpoint_step"])
+        trajectories = data["trajectories"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a credit_check.json ({error})") from error
+    records = []
+    for number, traj in enumerate(trajectories, start=1):
+        own = traj.get("run_estimator")
+        advantages = (traj.get("advantages") or {}).get(own) if own else None
+        outcome = finite(traj.get("advantage"))
+        weight = None
+        if advantages is not None and outcome:
+            weight = [None if (a := finite(v)) is None else a / outcome for v in advantages]
+        record = {key: traj.get(key) for key in (
+            "row", "group", "problem_id", "prompt", "answer", "response", "extracted", "reward",
+            "advantage", "finished", "tokens", "token_ids", "mask", "entropy", "divergence",
+            "student_logprobs", "teacher_logprobs", "segment_onset", "mc_advantage")}
+        record.update(step=step, token_advantage=advantages, weight=weight)
+        _check_sample(record, path, number)
+        records.append(record)
+    return records, step
 
 
 def _check_sample(sample: dict[str, Any], path: Path, number: int) -> None:

@@ -45,6 +45,15 @@ SIGNALS: tuple[tuple[str, str, str, str, str], ...] = (
     ("advantage", "token_advantage", "final advantage", "diverging",
      "Ahat_t: the per-token advantage the loss used; green > 0, red < 0"),
 )
+# Offered only when the run has a credit check (gear-rl credit-check RUN_DIR).
+MC_SIGNAL: tuple[str, str, str, str, str] = (
+    "mc_advantage", "mc_advantage", "Monte-Carlo advantage", "diverging",
+    "V(x, y_<=t) - V(x, y_<t) from the credit check (credit_check/credit_check.json; a span's "
+    "advantage shared over its tokens); green > 0, red < 0")
+
+
+def _signals_of(run: RunData) -> tuple[tuple[str, str, str, str, str], ...]:
+    return (*SIGNALS, MC_SIGNAL) if run.credit_check else SIGNALS
 
 
 @dataclass
@@ -80,11 +89,13 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def _trajectory(sample: dict[str, Any], mode: str) -> dict[str, Any]:
+def _trajectory(sample: dict[str, Any], mode: str,
+                signal_list: tuple[tuple[str, str, str, str, str], ...] = SIGNALS
+                ) -> dict[str, Any]:
     tokens = [str(t) for t in sample["tokens"]]
     mask = policy_mask(sample)
     signals: dict[str, Any] = {}
-    for key, source, *_ in SIGNALS:
+    for key, source, *_ in signal_list:
         if key == "normalized":
             signals[key] = normalized_divergence(sample, mode)
         elif key == "segment":
@@ -106,7 +117,9 @@ def _trajectory(sample: dict[str, Any], mode: str) -> dict[str, Any]:
     }
 
 
-def _pairs(samples: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
+def _pairs(samples: list[dict[str, Any]], mode: str,
+           signal_list: tuple[tuple[str, str, str, str, str], ...] = SIGNALS
+           ) -> list[dict[str, Any]]:
     """A step's samples grouped by group: the most positive and most negative trajectory."""
     groups: dict[Any, list[dict[str, Any]]] = {}
     for sample in samples:
@@ -127,8 +140,8 @@ def _pairs(samples: list[dict[str, Any]], mode: str) -> list[dict[str, Any]]:
         pairs.append({
             "group": key, "problem_id": first.get("problem_id"), "answer": first.get("answer"),
             "prompt": first.get("prompt") or "",
-            "pos": None if pos is None else _trajectory(pos, mode),
-            "neg": None if neg is None else _trajectory(neg, mode),
+            "pos": None if pos is None else _trajectory(pos, mode, signal_list),
+            "neg": None if neg is None else _trajectory(neg, mode, signal_list),
         })
     # Groups with both signs first: those are what the viewer is for.
     pairs.sort(key=lambda p: not (p["pos"] and p["neg"]))
@@ -150,16 +163,23 @@ def viewer_data(run: RunData, max_steps: int = 60) -> dict[str, Any]:
                        if max_steps > 1 else {len(steps) - 1})
         steps = [steps[i] for i in picks]
     mode = run.normalize_mode
-    available = {key: any(_trajectory_has(s, source) for s in run.samples)
-                 for key, source, *_ in SIGNALS}
+    signal_list = _signals_of(run)
+    available = {key: any(_trajectory_has(s, source) for s in (*run.samples, *run.credit_check))
+                 for key, source, *_ in signal_list}
     signals = [{"key": key, "label": label, "kind": kind, "help": help_text,
                 "center": 1.0 if key == "weight" else 0.0, "available": available[key],
                 **({"fixed": [0.0, 1.0]} if key == "normalized" else {})}
-               for key, _source, label, kind, help_text in SIGNALS]
+               for key, _source, label, kind, help_text in signal_list]
     default = next((s["key"] for s in signals if s["available"] and s["key"] == "normalized"),
                    next((s["key"] for s in signals if s["available"]), "advantage"))
+    entries = [{"step": step, "pairs": _pairs(by_step[step], mode, signal_list)}
+               for step in steps]
+    if run.credit_check:  # the credit check's trajectories, with their Monte-Carlo truth
+        entries.append({"step": run.credit_check_step,
+                        "label": f"credit check (checkpoint step {run.credit_check_step})",
+                        "pairs": _pairs(run.credit_check, mode, signal_list)})
     return {"signals": signals, "default_signal": default, "normalize": mode,
-            "steps": [{"step": step, "pairs": _pairs(by_step[step], mode)} for step in steps]}
+            "steps": entries}
 
 
 def _trajectory_has(sample: dict[str, Any], source: str) -> bool:
@@ -187,6 +207,15 @@ def _top_tokens_html(rows: list[TokenCount], threshold: float, run: RunData) -> 
             f"<th>times n<sub>t</sub> &gt; {threshold:g}</th><th>occurrences</th>"
             "<th>share above</th><th>mean n<sub>t</sub> when above</th></tr></thead>"
             f"<tbody>\n{body}\n</tbody></table>")
+
+
+def _credit_note(run: RunData) -> str:
+    if not run.credit_check:
+        return ""
+    return (' <span id="credit-check-note">The last <em>Step</em> entry holds the '
+            f"{len(run.credit_check)} trajectories of the run's credit check "
+            "(<code>credit_check/credit_check.json</code>), which can also be coloured by "
+            "their Monte-Carlo advantage.</span>")
 
 
 def _header(run: RunData) -> str:
@@ -239,7 +268,8 @@ def render_html(run: RunData, plots: list[tuple[str, str, bytes]], skipped: list
 <p class="notes">Each token coloured by the selected signal; GEAR segments outlined; observation
 tokens greyed; hover a token for its numbers. Left: the group's positive trajectory, right: its
 negative one (the trainer logs the best and worst of groups with mixed outcomes). Normalised
-divergence uses the run's <code>normalize={html.escape(run.normalize_mode)}</code>.</p>
+divergence uses the run's <code>normalize={html.escape(run.normalize_mode)}</code>.
+{_credit_note(run)}</p>
 <div class="controls">
   <span><label for="step">Step</label> <select id="step"></select></span>
   <span><label for="pair">Group</label> <select id="pair"></select></span>
