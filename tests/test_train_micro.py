@@ -80,3 +80,46 @@ def test_packing_respects_the_budget_and_keeps_groups_together(tmp_path) -> None
         assert micros == trainer._micro_batches(batch, rows)  # deterministic
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize(("estimator", "overrides", "mode"), [
+    ("grpo", (), "before"),                                   # credit reads no student signal
+    ("gear", ("loss.micro_batch_size=8",), "inline"),         # credit between forward/backward
+    ("rlsd", ("loss.kl_coef=0.1", "loss.micro_batch_size=8"), "inline"),
+    ("gear", ("loss.micro_batch_size=8", "loss.micro_batch_tokens=40"), None),  # 2 micro-batches
+    ("grpo", ("loss.opsd_coef=0.5",), "before"),              # + self-distillation
+])
+def test_fused_scoring_gives_the_scoring_pass_gradients(tmp_path, estimator, overrides,
+                                                        mode) -> None:
+    """The on-policy update that stands in for the scoring pass (loss.fuse_scoring) trains on
+    the same gradients and logs the same signals as the separate no-grad pass."""
+    extra = (f"estimator={estimator}", *overrides)
+    want, _ = _step_gradients(tmp_path, "scored", *extra, "loss.fuse_scoring=false")
+    trainer = tiny_trainer(tmp_path / "probe", "seed=0", "precision=fp32", "rollout.dtype=fp32",
+                           "rollout.max_new_tokens=12", *extra)
+    try:
+        assert trainer._fused_mode(trainer.rollout(1)) == mode
+    finally:
+        trainer.close()
+    got, _ = _step_gradients(tmp_path, "fused", *extra)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+
+
+def test_fused_scores_equal_the_scoring_pass(tmp_path) -> None:
+    common = ("seed=0", "precision=fp32", "rollout.dtype=fp32", "loss.micro_batch_size=8")
+    fused = tiny_trainer(tmp_path / "fused", *common)
+    plain = tiny_trainer(tmp_path / "plain", *common, "loss.fuse_scoring=false")
+    try:
+        record, out = fused.step(1)
+        plain_record, plain_out = plain.step(1)
+        for field in ("old_logprobs", "entropy", "divergence", "teacher_logprobs", "mask"):
+            torch.testing.assert_close(getattr(out.scores, field),
+                                       getattr(plain_out.scores, field), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.advantages, plain_out.advantages, atol=1e-5, rtol=1e-5)
+        assert record["clip_frac"] == 0.0 and record["approx_kl"] == 0.0
+        assert record["entropy_mean"] == pytest.approx(plain_record["entropy_mean"], rel=1e-5)
+        assert abs(out.scores.entropy).sum() > 0
+    finally:
+        fused.close()
+        plain.close()

@@ -161,6 +161,12 @@ class LossConfig:
         share_prompts: run each distinct prompt of a micro-batch once, with gradients, and let
             its responses attend to that cached prefix (the K responses of a GRPO group share
             their prompt); the gradients equal the unshared path's up to float rounding.
+        fuse_scoring: on-policy single updates (``epochs=1``, ``minibatches=1``) skip the
+            no-grad scoring pass: PPO's old log-probs are the update forward's own, detached
+            (TRL's rule; the ratio is 1), and the student's entropy and the teacher signals
+            come from that forward too. An estimator that reads student signals (GEAR) then
+            gets its advantages between the forward and the backward, which needs the batch in
+            one micro-batch (``micro_batch_tokens``); otherwise the scoring pass runs.
     """
 
     clip_low: float = 0.2
@@ -174,6 +180,7 @@ class LossConfig:
     micro_batch_tokens: int = 2048
     micro_batch_size: int | None = None
     share_prompts: bool = True
+    fuse_scoring: bool = True
 
     def validate(self, name: str = "loss") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
@@ -279,8 +286,13 @@ class EvalConfig:
         every: evaluate every this many steps (0: only at the start and the end).
         at_start: evaluate before the first step.
         seed: sampling seed of evaluation (independent of the training seed, so runs with
-            different seeds are scored on identical draws of the starting model).
+            different seeds are scored on identical draws of the starting model; on single-turn
+            tasks each (problem, sample) keeps its own draws whatever the model generates, so
+            two runs are compared draw by draw: gear_rl.train.evaluate).
         batch_size: rows per generation batch (None: all at once).
+        records: store each evaluation's per-problem results (every sample's reward) in
+            ``RUN_DIR/eval_records/step-NNNNNN.json``, for paired comparisons (``gear-rl
+            study`` turns it on).
     """
 
     size: int = 64
@@ -292,6 +304,7 @@ class EvalConfig:
     at_start: bool = True
     seed: int = 1234
     batch_size: int | None = 128
+    records: bool = False
 
     def validate(self, name: str = "eval") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""

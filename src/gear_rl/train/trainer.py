@@ -97,6 +97,18 @@ def _pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]))
 
 
+def _policy_mask(batch: StepBatch, rows: list[int]) -> torch.Tensor:
+    """``[M, T_m]`` float mask of ``rows``: 1 on the policy's own tokens, 0 on observations
+    and padding (what the signal pass returns as ``mask``)."""
+    responses = [batch.response_ids[i] for i in rows]
+    mask = torch.zeros(len(rows), max(len(r) for r in responses))
+    for row, i in enumerate(rows):
+        keep = (batch.policy_masks[i] if batch.policy_masks is not None
+                else [1] * len(batch.response_ids[i]))
+        mask[row, :len(keep)] = torch.tensor(keep, dtype=torch.float32)
+    return mask
+
+
 @dataclass
 class StepOutput:
     """Everything one step computed: the rollout, its scores and the advantages trained on
@@ -263,9 +275,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ 2. score
     @torch.no_grad()
-    def score(self, batch: StepBatch) -> Scores:
+    def score(self, batch: StepBatch, *, student: bool = True) -> Scores:
         """Old log-probs, entropy and (when needed) the teacher signals and reference log-probs
-        of ``batch``; no gradients."""
+        of ``batch``; no gradients.
+
+        ``student=False`` (the fused on-policy update, :meth:`_fused_mode`): the student's own
+        fields are left as zeros for the update's forward to fill, and only what that forward
+        does not compute runs here: the reference log-probs, and the teacher's log-probs where
+        the credit needs them before the update."""
         size, config = self.config.signals.batch_size, self.config
         length = max(len(r) for r in batch.response_ids)
         parts: dict[str, list[torch.Tensor]] = {}
@@ -279,8 +296,15 @@ class Trainer:
             # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
             model = cast(PreTrainedModel, self.model)
             divergence = cast(DivergenceEstimator, config.signals.divergence)
+            fields: dict[str, torch.Tensor] = {}
             with self.runtime.autocast_context():
-                if self.needs_teacher:
+                if not student:
+                    fields["mask"] = _policy_mask(batch, rows)
+                    if "teacher_logprobs" in self.estimator.needs:
+                        fields["teacher_logprobs"] = response_logprobs(
+                            model, [batch.teacher_ids[i] for i in rows], responses,
+                            **common).logprobs
+                elif self.needs_teacher:
                     sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
                                         responses, estimator=divergence,
                                         topk=config.signals.topk, **common)
@@ -297,7 +321,30 @@ class Trainer:
                         **common).logprobs
             for name, value in fields.items():
                 parts.setdefault(name, []).append(_pad(value.float(), length))
-        return Scores(**{name: torch.cat(values) for name, values in parts.items()})
+        tensors = {name: torch.cat(values) for name, values in parts.items()}
+        if not student:  # filled by the update's forward
+            tensors["old_logprobs"] = torch.zeros_like(tensors["mask"])
+            tensors["entropy"] = torch.zeros_like(tensors["mask"])
+        return Scores(**tensors)
+
+    def _fused_mode(self, batch: StepBatch) -> str | None:
+        """How the update may stand in for the scoring pass (``loss.fuse_scoring``).
+
+        Only on-policy single updates qualify (``loss.epochs=1``, ``loss.minibatches=1``):
+        the policy that is updated is then the one whose log-probs the scoring pass would
+        compute, so PPO's old log-probs are the update forward's own, detached (ratio 1; TRL
+        does the same). Returns ``"before"`` when the estimator reads no student signal (its
+        advantages exist before the update: GRPO), ``"inline"`` when it does and the batch
+        packs into one micro-batch (the credit then runs between that forward and its
+        backward), None otherwise (the scoring pass runs)."""
+        loss = self.config.loss
+        if not loss.fuse_scoring or loss.epochs != 1 or loss.minibatches != 1:
+            return None
+        if not {"divergence", "entropy", "student_logprobs"} & set(self.estimator.needs):
+            return "before"
+        if len(self._micro_batches(batch, list(range(len(batch.response_ids))))) == 1:
+            return "inline"
+        return None
 
     # ------------------------------------------------------------------ 3. credit
     def credit(self, batch: StepBatch, scores: Scores, step: int | None = None) -> torch.Tensor:
@@ -309,16 +356,21 @@ class Trainer:
         return self.estimator(credit_batch, self.credit_config).float()
 
     # ------------------------------------------------------------------ 4. update
-    def update(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor,
-               step: int) -> dict[str, float]:
-        """``loss.epochs`` x ``loss.minibatches`` AdamW steps on ``batch``."""
+    def update(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor | None,
+               step: int, *, fused: str | None = None) -> tuple[dict[str, float], torch.Tensor]:
+        """``loss.epochs`` x ``loss.minibatches`` AdamW steps on ``batch``.
+
+        ``fused`` (:meth:`_fused_mode`): the forward fills ``scores``' student fields (old
+        log-probs, entropy; with ``"inline"`` also the teacher signals) and, with
+        ``"inline"``, the credit runs on them before the backward (``advantages`` None).
+        Returns the update's metrics and the ``[B, T]`` advantages trained on."""
         config = self.config.loss
         rows = len(batch.response_ids)
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(step)
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "opsd_loss": 0.0,
                   "clipped": 0.0, "approx_kl": 0.0, "tokens": 0.0, "grad_norm": 0.0}
-        ratio_max, updates = 1.0, 0
+        ratio_max, updates, credit_seconds = 1.0, 0, 0.0
         shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
         for _ in range(config.epochs):
             order = torch.randperm(rows, generator=shuffle).tolist()
@@ -334,8 +386,16 @@ class Trainer:
                 num_selected = None if None in counts else float(sum(cast(list[float], counts)))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micros:
-                    parts, stats = self._micro_loss(batch, scores, advantages, micro,
-                                                    len(minibatch), num_tokens, num_selected)
+                    forward = self._forward(batch, micro, teacher=fused == "inline")
+                    if fused is not None:
+                        self._fill_scores(scores, micro, forward)
+                    if advantages is None:  # "inline": the credit of the one micro-batch
+                        mark = time.perf_counter()
+                        advantages = self.credit(batch, scores, step)
+                        credit_seconds = time.perf_counter() - mark
+                    parts, stats = self._micro_loss(scores, advantages, micro, forward,
+                                                    len(minibatch), num_tokens, num_selected,
+                                                    fused=fused is not None)
                     self._check_finite(step, "the loss", parts["loss"])
                     parts["loss"].backward()
                     for name, value in parts.items():
@@ -361,7 +421,10 @@ class Trainer:
         out["approx_kl"] = totals["approx_kl"] / tokens
         out["ratio_max"] = ratio_max
         out["lr"] = self._lr(step)
-        return out
+        if fused == "inline":
+            out["time/credit"] = credit_seconds
+        # every path above sets advantages (given, or by the inline credit)
+        return out, cast(torch.Tensor, advantages)
 
     def _micro_batches(self, batch: StepBatch, minibatch: list[int]) -> list[list[int]]:
         """Pack the rows of ``minibatch`` into micro-batches of at most
@@ -423,18 +486,12 @@ class Trainer:
         self._check_finite(step, "the weights' norm (weights too large for any model)",
                            torch.tensor(math.inf))
 
-    def _micro_loss(self, batch: StepBatch, scores: Scores, advantages: torch.Tensor,
-                    rows: list[int], num_seqs: int, num_tokens: float,
-                    num_selected: float | None = None):
-        """Loss of the micro-batch ``rows`` scaled so micro-batches sum to the mini-batch loss.
-
-        Where the estimator selects tokens at update time (``update_mask``, e.g. top-entropy
-        with ``selection=micro_batch``), the policy loss keeps only the tokens it selects by the
-        current policy's entropy, and its token mean divides by ``num_selected`` (their count
-        over the mini-batch); the KL and self-distillation terms keep every policy token.
-
-        Returns ``({"loss", "pg_loss", "kl_loss", "opsd_loss"}, PolicyLossStats | None)``.
-        """
+    def _forward(self, batch: StepBatch, rows: list[int], *, teacher: bool = False
+                 ) -> dict[str, torch.Tensor]:
+        """The update's forward over the micro-batch ``rows``, with gradients through the
+        student: ``logprobs``, ``entropy`` (``[M, T_m]``), and, for self-distillation or when
+        ``teacher`` (the inline credit needs them), the teacher pass's ``divergence`` and
+        ``teacher_logprobs``."""
         config, signals = self.config, self.config.signals
         prompts = [batch.prompt_ids[i] for i in rows]
         responses = [batch.response_ids[i] for i in rows]
@@ -447,16 +504,47 @@ class Trainer:
         # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
         model = cast(PreTrainedModel, self.model)
         with self.runtime.autocast_context():
-            if self.distill:
+            if self.distill or teacher:
                 sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
                                     responses,
                                     estimator=cast(DivergenceEstimator, signals.divergence),
                                     topk=signals.topk, student_requires_grad=True, **common)
-                logprobs, divergence = sig.student_logprobs, sig.divergence
-                entropy = sig.entropy
-            else:
-                own = response_logprobs(model, prompts, responses, requires_grad=True, **common)
-                logprobs, entropy, divergence = own.logprobs, own.entropy, None
+                return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
+                        "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs}
+            own = response_logprobs(model, prompts, responses, requires_grad=True, **common)
+        return {"logprobs": own.logprobs, "entropy": own.entropy}
+
+    @staticmethod
+    def _fill_scores(scores: Scores, rows: list[int], forward: dict[str, torch.Tensor]) -> None:
+        """Write the fused forward's detached student fields (and teacher signals, if it ran
+        the teacher) into ``scores`` rows ``rows``."""
+        length = forward["logprobs"].shape[1]
+        targets = {"logprobs": "old_logprobs", "entropy": "entropy"}
+        if "divergence" in forward:
+            if scores.divergence is None:
+                scores.divergence = torch.zeros_like(scores.mask)
+                scores.teacher_logprobs = torch.zeros_like(scores.mask)
+            targets.update(divergence="divergence", teacher_logprobs="teacher_logprobs")
+        for name, field in targets.items():
+            getattr(scores, field)[rows, :length] = forward[name].detach().float()
+
+    def _micro_loss(self, scores: Scores, advantages: torch.Tensor, rows: list[int],
+                    forward: dict[str, torch.Tensor], num_seqs: int, num_tokens: float,
+                    num_selected: float | None = None, *, fused: bool = False):
+        """Loss of the micro-batch ``rows`` (its :meth:`_forward` outputs ``forward``) scaled
+        so micro-batches sum to the mini-batch loss.
+
+        Where the estimator selects tokens at update time (``update_mask``, e.g. top-entropy
+        with ``selection=micro_batch``), the policy loss keeps only the tokens it selects by the
+        current policy's entropy, and its token mean divides by ``num_selected`` (their count
+        over the mini-batch); the KL and self-distillation terms keep every policy token.
+        ``fused``: the old log-probs are the forward's own, detached (:meth:`_fused_mode`).
+
+        Returns ``({"loss", "pg_loss", "kl_loss", "opsd_loss"}, PolicyLossStats | None)``.
+        """
+        config = self.config
+        logprobs, entropy = forward["logprobs"], forward["entropy"]
+        divergence = forward.get("divergence") if self.distill else None
         length = logprobs.shape[1]
         logprobs = logprobs.float()
         mask = scores.mask[rows, :length]
@@ -473,8 +561,9 @@ class Trainer:
                 pg_mask = mask * selected.to(mask.dtype)
                 pg_agg = {**agg, "num_tokens": (float(pg_mask.sum()) if num_selected is None
                                                 else num_selected)}
+            old = logprobs.detach() if fused else scores.old_logprobs[rows, :length]
             parts["pg_loss"], stats = ppo_policy_loss(
-                logprobs, scores.old_logprobs[rows, :length], advantages[rows, :length],
+                logprobs, old, advantages[rows, :length],
                 pg_mask, clip_low=config.loss.clip_low, clip_high=config.loss.clip_high,
                 **pg_agg)
         if self.reference is not None:
@@ -503,6 +592,10 @@ class Trainer:
         started, cpu_started = time.perf_counter(), time.process_time()
         result = self.evaluate()
         k = self.config.eval.k
+        if self.config.eval.records:
+            from gear_rl.train.evaluate import write_eval_records
+
+            write_eval_records(self.run.path, step, result, k=k, seed=self.config.eval.seed)
         return {"step": step, f"eval/mean@{k}": result[f"mean@{k}"],
                 f"eval/pass@{k}": result[f"pass@{k}"],
                 "eval/response_len": result["response_len"],
@@ -519,14 +612,18 @@ class Trainer:
         batch = self.rollout(step)
         timings["time/rollout"] = time.perf_counter() - started
         mark = time.perf_counter()
-        scores = self.score(batch)
+        fused = self._fused_mode(batch)
+        scores = self.score(batch, student=fused is None)
         timings["time/signals"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        advantages = self.credit(batch, scores, step)
+        advantages = None if fused == "inline" else self.credit(batch, scores, step)
         timings["time/credit"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        update = self.update(batch, scores, advantages, step)
+        update, advantages = self.update(batch, scores, advantages, step, fused=fused)
         timings["time/update"] = time.perf_counter() - mark
+        if "time/credit" in update:  # the inline credit ran inside the update
+            timings["time/credit"] = update.pop("time/credit")
+            timings["time/update"] -= timings["time/credit"]
         timings["time/step"] = time.perf_counter() - started
         # CPU seconds of this process (all its threads): on a shared machine, wall time
         # measures the neighbours too; this is what the step itself cost.
