@@ -27,7 +27,6 @@ from gear_rl.credit_check import (
     precision_at_k,
     run_check_config,
     score_estimate,
-    shared_prefix_available,
     span_shares,
     span_sums,
     spearman,
@@ -38,7 +37,22 @@ from gear_rl.tasks import AgentSpec, Problem, Task
 from gear_rl.train import load_config
 from gear_rl.train.rollout import sample_responses
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+
+@pytest.fixture(scope="module")
+def one_numba_thread():
+    """GEAR's numba kernel on one thread: without OMP_WAIT_POLICY=PASSIVE (which the CLI sets
+    before torch loads, too late here), its OpenMP workers left spinning after a parallel
+    region slowed the tiny models' decoding in the same process 5-10x on a shared 2-core
+    machine."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(threads)
+
+
+pytestmark = pytest.mark.usefixtures("one_thread", "one_numba_thread")
 
 SMALL = ["model=tiny-random", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
          "rollout.max_new_tokens=6"]
@@ -73,8 +87,6 @@ def _tiny(seed: int = 1) -> tuple[torch.nn.Module, object]:
 # ------------------------------------------------------------------ (b) V against exact values
 @pytest.mark.parametrize("shared", [False, True])
 def test_monte_carlo_value_matches_exact_enumeration(shared: bool) -> None:
-    if shared and not shared_prefix_available():
-        pytest.skip("gear_rl.train.rollout.sample_continuations has not landed yet")
     vocab, stop, horizon = 6, 5, 4
     model = tiny_random_model("llama", vocab_size=vocab, hidden_size=32, num_heads=4,
                               num_kv_heads=2, intermediate_size=64, initializer_range=0.05,

@@ -52,7 +52,6 @@ from gear_rl.credit_check.values import (
     exact_value,
     nucleus_probs,
     sample_from_prefixes,
-    shared_prefix_available,
 )
 
 __all__ = [
@@ -83,7 +82,6 @@ __all__ = [
     "run_check_config",
     "sample_from_prefixes",
     "score_estimate",
-    "shared_prefix_available",
     "span_shares",
     "span_sums",
     "spearman",

@@ -106,9 +106,8 @@ class CreditCheckConfig:
         confidence: their level.
         plot_trajectories: trajectories drawn in the plot.
         batch_size: continuation rows per decoding batch (None: all of a trajectory's at once).
-        shared_prefix: True: continuations share the prefix KV cache
-            (``sample_continuations``, required); False: every prefix sampled afresh; None:
-            shared where available.
+        shared_prefix: continuations share the prefix KV cache (``sample_continuations``);
+            False: every prefix sampled afresh (slower, the same distribution).
         progress: show a progress bar.
     """
 
@@ -131,7 +130,7 @@ class CreditCheckConfig:
     confidence: float = 0.95
     plot_trajectories: int = 4
     batch_size: int | None = 64
-    shared_prefix: bool | None = None
+    shared_prefix: bool = True
     progress: bool = True
 
     @classmethod
@@ -193,6 +192,9 @@ class CreditCheckConfig:
                 self.plot_trajectories, int) or self.plot_trajectories < 0:
             raise ValueError(f"plot_trajectories must be an integer >= 0, got "
                              f"{self.plot_trajectories!r}")
+        for name in ("mixed_only", "shared_prefix", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         if self.boundaries not in BOUNDARY_MODES:

@@ -122,6 +122,10 @@ def format_table(data: dict[str, Any]) -> str:
     ]
     if replicates < 2:
         lines += ["", "No noise ceiling: it needs replicates >= 2."]
+    if counts["truth_done"] == 0:
+        lines += ["", "**No trajectory has a truth yet**"
+                  + (": no sampled group had mixed outcomes; sample more groups, or set "
+                     "mixed_only=false" if counts["truth_planned"] == 0 else "") + "."]
     truth = data["scores"]["truth"]["pooled" if replicates > 1 else "first"]
     lines += [
         "",
@@ -129,7 +133,9 @@ def format_table(data: dict[str, Any]) -> str:
         + (f" (both replicates pooled, {m * replicates} continuations)" if replicates > 1
            else ""),
         "",
-        f"- mean standard error of V: {_num(data['scores'].get('mean_value_se'), False)}",
+        f"- mean standard error of V: {_num(data['scores'].get('mean_value_se'), False)}"
+        + (f" ({_num(data['scores'].get('mean_value_se_replicate'), False)} for one replicate "
+           f"of {m})" if replicates > 1 else ""),
         f"- units with |MC advantage| beyond 2 standard errors: "
         f"{_interval(truth['clear_units'], False)}",
         f"- |MC advantage| mass whose sign opposes the trajectory's outcome advantage: "

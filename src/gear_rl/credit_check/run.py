@@ -24,13 +24,13 @@ may end inside a turn, which the episode loop cannot resume (see :func:`check_ta
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import platform
 import random
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +57,6 @@ from gear_rl.credit_check.values import (
     RewardFn,
     choose_boundaries,
     estimate_prefix_values,
-    shared_prefix_available,
 )
 from gear_rl.rundir import RunDir, append_jsonl, atomic_write_text, read_jsonl
 from gear_rl.signals import TeacherPromptConfig, teacher_prompt_ids, token_signals
@@ -451,6 +450,17 @@ def _segment_config(config: TrainConfig) -> tuple[Estimator, Any]:
     return gear, gear.make_config()
 
 
+@torch.no_grad()
+def _weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short digest of the weights (each tensor's shape and float64 sum): a folder's check
+    continues only on the weights it was started with."""
+    digest = hashlib.sha256()
+    for name, parameter in model.named_parameters():
+        total = float(parameter.sum(dtype=torch.float64))
+        digest.update(f"{name}{tuple(parameter.shape)}{total:.10e}".encode())
+    return digest.hexdigest()[:16]
+
+
 def _machine(device: torch.device) -> str:
     name = platform.processor() or platform.machine()
     try:
@@ -539,7 +549,8 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         new_tokens=rollout.max_new_tokens, source=task.name)
     segment_estimator, segment_config = _segment_config(config)
     settings = {
-        "model": config.model, "checkpoint": None if checkpoint is None else str(checkpoint),
+        "model": config.model, "weights": _weights_fingerprint(runtime.model),
+        "checkpoint": None if checkpoint is None else str(checkpoint),
         "checkpoint_step": checkpoint_step, "task": task.name, "task_spec": config.task,
         "task_options": config.task_options, "train_size": config.train_size,
         "instruction": config.instruction, "split": check.split,
@@ -597,10 +608,6 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
     values_path = out / VALUES
     done = _read_values(values_path)
     spent = sum(int(r["tokens"]) for r in done.values())
-    if check.shared_prefix is None and not shared_prefix_available():
-        warnings.warn("gear_rl.train.rollout.sample_continuations is not available: every "
-                      "prefix is sampled afresh (the same distribution, without the shared "
-                      "KV cache)", stacklevel=2)
     progress = None
     if check.progress:
         from tqdm import tqdm
@@ -681,8 +688,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
     data["settings"] = {**settings, "bootstrap": check.bootstrap, "confidence": check.confidence,
                         "precision_k": list(check.precision_k), "budget": check.budget,
                         "reference": check.reference,
-                        "shared_prefix": (check.shared_prefix if check.shared_prefix is not None
-                                          else shared_prefix_available()),
+                        "shared_prefix": check.shared_prefix,
                         "signals": {"divergence": config.signals.divergence,
                                     "topk": config.signals.topk,
                                     "placement": config.signals.placement,
@@ -776,9 +782,11 @@ def _score(config: TrainConfig, check: CreditCheckConfig, rows: list[dict[str, A
     if replicates > 1:
         second = [truths[i].advantages(1) for i in indices]
         result["ceiling"] = as_dict(score_estimate(truth_sets["first"], second, ks=ks, **boot))
-    values_se = [truths[i].stderr(None)[~np.array(truths[i].terminal)] for i in indices]
-    flat = np.concatenate(values_se) if values_se else np.array([])
-    result["mean_value_se"] = float(np.nanmean(flat)) if flat.size else None
+    for key, replicate in (("mean_value_se", None), ("mean_value_se_replicate", 0)):
+        values_se = [truths[i].stderr(replicate)[~np.array(truths[i].terminal)]
+                     for i in indices]
+        flat = np.concatenate(values_se) if values_se else np.array([])
+        result[key] = float(np.nanmean(flat)) if flat.size and np.isfinite(flat).any() else None
     return result
 
 

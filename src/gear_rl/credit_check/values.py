@@ -12,14 +12,15 @@ token, or its budget is spent) there is nothing to sample, and ``V_L`` is the tr
 reward, exactly.
 
 Continuations of one trajectory share its prefix's KV cache through
-``gear_rl.train.rollout.sample_continuations`` (one forward over the prompt and response, then
-every cut's continuations decoded from the cached prefix). Where that function is not
-available, or with ``shared=False``, every cut's prefix is sampled from afresh with
-``sample_responses`` (the same distribution; slower). Both sample with the largest budget of
-the cuts and cut each continuation to its own cut's budget, which leaves its distribution
-unchanged: sampling is autoregressive, so the first ``n`` tokens of a longer continuation are
-distributed as a continuation capped at ``n`` (a continuation longer than its budget counts as
-unfinished, as the trainer's sampler would have left it).
+:func:`gear_rl.train.rollout.sample_continuations` (one forward over the prompt and response,
+then every cut's continuations decoded from the cached prefix). With ``shared=False`` every
+cut's prefix is sampled from afresh with ``sample_responses`` instead (the same distribution;
+the benchmark's baseline). Cuts are sampled in calls of one decoding batch whose budgets are
+close (``budget_band``); a call samples up to its largest budget and each continuation is cut
+to its own cut's budget, which leaves its distribution unchanged: sampling is
+autoregressive, so the first ``n`` tokens of a longer continuation are distributed as a
+continuation capped at ``n`` (a continuation longer than its budget counts as unfinished, as
+the trainer's sampler would have left it).
 
 :func:`exact_value` computes ``V`` by enumerating every continuation (tiny vocabularies and
 horizons only): the check the Monte-Carlo estimate is tested against.
@@ -30,13 +31,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
 
-from gear_rl.train import rollout as _rollout
-from gear_rl.train.rollout import sample_responses
+from gear_rl.train.rollout import sample_continuations, sample_responses
 
 __all__ = [
     "PrefixValues",
@@ -46,19 +46,12 @@ __all__ = [
     "exact_value",
     "nucleus_probs",
     "sample_from_prefixes",
-    "shared_prefix_available",
 ]
 
 RewardFn = Callable[[Sequence[int], bool], float]
 """``reward_fn(response_ids, finished) -> float``: the outcome reward of a whole response (the
 trajectory's first ``b`` tokens and a continuation), ``finished`` when it ended with a stop
 token."""
-
-
-def shared_prefix_available() -> bool:
-    """Whether ``gear_rl.train.rollout.sample_continuations`` (the shared-prefix sampler) is
-    there."""
-    return callable(getattr(_rollout, "sample_continuations", None))
 
 
 @dataclass
@@ -178,6 +171,24 @@ def _truncate(responses: list[list[int]], finished: list[bool], budget: int
     return out, flags
 
 
+def _budget_chunks(budgets: Sequence[int], samples: int, batch_size: int | None,
+                   band: int | None) -> list[list[int]]:
+    """Consecutive runs of cut indices sampled in one call: at most ``batch_size`` rows (one
+    decoding batch; at least one cut), budgets at most ``band`` apart (None: no limit), so that
+    few tokens are sampled past a cut's own budget."""
+    chunks: list[list[int]] = []
+    for index in range(len(budgets)):
+        if chunks:
+            grown = [*chunks[-1], index]
+            rows_fit = batch_size is None or len(grown) * samples <= batch_size
+            spread = max(budgets[i] for i in grown) - min(budgets[i] for i in grown)
+            if rows_fit and (band is None or spread <= band):
+                chunks[-1] = grown
+                continue
+        chunks.append([index])
+    return chunks
+
+
 def sample_from_prefixes(
     sampler: torch.nn.Module,
     prefix_ids: Sequence[int],
@@ -191,7 +202,8 @@ def sample_from_prefixes(
     top_p: float,
     generator: torch.Generator | None,
     batch_size: int | None = None,
-    shared: bool | None = None,
+    shared: bool = True,
+    budget_band: int | None = 8,
 ) -> tuple[list[list[list[int]]], list[list[bool]], int]:
     """``samples`` continuations of ``prefix_ids[:c]`` for every cut ``c``, each at most its
     cut's budget long.
@@ -204,8 +216,12 @@ def sample_from_prefixes(
         budgets: per cut, the most tokens a continuation may have (>= 1).
         stop_ids, pad_id, temperature, top_p, generator, batch_size: the sampler's settings
             (:func:`gear_rl.train.rollout.sample_responses`).
-        shared: True: one shared prefix KV cache (``sample_continuations``, an error where it
-            is missing); False: every prefix sampled from afresh; None: shared where available.
+        shared: True: one shared prefix KV cache (``sample_continuations``); False: every
+            prefix sampled from afresh (``sample_responses`` on copies of each prefix).
+        budget_band: cuts are sampled in calls of at most ``batch_size`` rows whose budgets
+            differ by at most this much (None: no limit); a call samples up to its largest
+            budget, and each continuation is then cut to its own (each call recomputes the
+            prefix's KV cache: one forward, cheap beside the decoding it saves).
 
     Returns:
         ``(continuations, finished, sampled)``: per cut, ``samples`` continuation id lists and
@@ -220,24 +236,23 @@ def sample_from_prefixes(
     prefix = [int(t) for t in prefix_ids]
     if min(cuts) < 1 or max(cuts) > len(prefix):
         raise ValueError(f"cuts must lie in [1, {len(prefix)}], got {min(cuts)}..{max(cuts)}")
-    available = shared_prefix_available()
-    if shared and not available:
-        raise ValueError("shared=True needs gear_rl.train.rollout.sample_continuations, which "
-                         "this installation does not have")
-    common: dict[str, Any] = {"max_new_tokens": max(budgets), "stop_ids": list(stop_ids),
-                              "pad_id": pad_id, "temperature": temperature, "top_p": top_p,
+    common: dict[str, Any] = {"stop_ids": list(stop_ids), "pad_id": pad_id,
+                              "temperature": temperature, "top_p": top_p,
                               "generator": generator, "batch_size": batch_size}
-    per_cut: list[tuple[list[list[int]], list[bool]]]
-    if available and shared is not False:
-        # looked up at call time: the shared-prefix sampler is newer than this module's import
-        rollouts = cast(Any, _rollout).sample_continuations(sampler, prefix, list(cuts),
-                                                            samples, **common)
-        per_cut = [(list(r.response_ids), list(r.finished)) for r in rollouts]
-    else:
-        prompts = [prefix[:c] for c in cuts for _ in range(samples)]
-        result = sample_responses(sampler, prompts, **common)
-        per_cut = [(result.response_ids[i * samples:(i + 1) * samples],
-                    result.finished[i * samples:(i + 1) * samples]) for i in range(len(cuts))]
+    per_cut: list[tuple[list[list[int]], list[bool]]] = []
+    for chunk in _budget_chunks(budgets, samples, batch_size, budget_band):
+        part = [int(cuts[i]) for i in chunk]
+        longest = max(budgets[i] for i in chunk)
+        if shared:
+            rollouts = sample_continuations(sampler, prefix, part, samples,
+                                            max_new_tokens=longest, **common)
+            per_cut += [(list(r.response_ids), list(r.finished)) for r in rollouts]
+        else:
+            prompts = [prefix[:c] for c in part for _ in range(samples)]
+            result = sample_responses(sampler, prompts, max_new_tokens=longest, **common)
+            per_cut += [(result.response_ids[i * samples:(i + 1) * samples],
+                         result.finished[i * samples:(i + 1) * samples])
+                        for i in range(len(part))]
     if len(per_cut) != len(cuts) or any(len(r) != samples for r, _ in per_cut):
         raise RuntimeError(f"the sampler returned {len(per_cut)} cuts of "
                            f"{[len(r) for r, _ in per_cut]} continuations, expected "
@@ -267,7 +282,7 @@ def estimate_prefix_values(
     top_p: float = 1.0,
     seeds: Sequence[int] = (0,),
     batch_size: int | None = None,
-    shared: bool | None = None,
+    shared: bool = True,
 ) -> PrefixValues:
     """Monte-Carlo ``V`` at ``boundaries`` of one trajectory.
 
