@@ -111,6 +111,34 @@ def test_greedy_equals_model_generate(tiny, greedy: bool) -> None:
     assert any(ours.finished) and not all(ours.finished)
 
 
+def test_greedy_with_a_sliding_window_layer_equals_generate() -> None:
+    """A model with a sliding-window layer (its cache keeps only the window; it is not put in
+    the sampler's buffers) still decodes as ``generate`` does, past the window."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                         initializer_range=0.3, eos_token_id=258, pad_token_id=256)
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).eval()
+    tokenizer = build_tiny_tokenizer()
+    prompts = _prompts(tokenizer, 4)
+    batch = [prompts[i] for i in (0, 1, 1, 3, 2)]
+    free = [_generate_greedy(model, p, 14, tokenizer.pad_token_id) for p in prompts]
+    stops = _stops_that_fire(model, tokenizer, free)
+    ours = sample_responses(model, batch, max_new_tokens=14, stop_ids=stops,
+                            pad_id=tokenizer.pad_token_id, greedy=True)
+    for row, prompt in enumerate(batch):
+        expected = _cut(free[prompts.index(prompt)], stops)
+        assert (ours.response_ids[row], ours.finished[row]) == expected
+    with pytest.raises(ValueError, match="sliding window"):
+        sample_continuations(model, prompts[1], [3], 2, max_new_tokens=4, stop_ids=stops,
+                             pad_id=tokenizer.pad_token_id)
+
+
 def test_greedy_equals_batched_generate_token_for_token(tiny) -> None:
     """On one left-padded batch, greedy rows equal ``model.generate(do_sample=False)``'s rows on
     the same batch up to their first stop token; chunking does not change them."""

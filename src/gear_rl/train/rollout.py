@@ -1,16 +1,30 @@
 """Batched sampling with a KV cache: the trainer's rollout engine.
 
-A short hand-written loop over the model's own forward (HF ``DynamicCache``), not
+A short hand-written loop over the model's own forward (HF cache layers), not
 ``model.generate``: on a CPU the per-step overhead of ``generate`` (logits processors, stopping
-criteria, a full-vocabulary multinomial) costs more than the 135M-parameter model's forward. Here:
+criteria, a full-vocabulary multinomial, rows that finished still decoded) costs more than the
+135M-parameter model's forward. Here:
 
-- prompts are left-padded so every row's next token sits in the last column;
-- sampling is exact categorical sampling by inverse CDF (one ``cumsum`` and a ``searchsorted``;
-  ``torch.multinomial`` over 49k logits is ~30x slower on CPU), restricted to the top-p nucleus
-  found through ``topk`` when the nucleus is small (the usual case) and a full sort otherwise;
+- each distinct prompt of a batch is prefilled once, left-padded among the distinct prompts,
+  and its cache rows are repeated for its copies (a group of K samples pays one prefill);
+- the cache is written in place into buffers allocated once per batch (no ``torch.cat`` of the
+  cache per layer and step), and no attention mask is built when no row is padded;
+- sampling is exact categorical sampling by inverse CDF (one ``cumsum`` and a ``searchsorted``
+  on one uniform draw per row; ``torch.multinomial`` over 49k logits is several times slower on
+  CPU, and so are Gumbel-max and the exponential race, which need a random number per vocabulary
+  entry), restricted to the top-p nucleus found through ``topk`` when the nucleus is small (the
+  usual case) and a full sort otherwise; ``greedy=True`` takes the argmax instead;
 - a row stops at its first stop token (end of turn), which is kept in its response (the policy
   learns to stop); finished rows are dropped from the batch and the cache, so a batch does not
   pay for its longest answer on every row.
+
+:func:`sample_continuations` runs the same loop from the prefixes of one sequence, all read
+from one forward pass over it (the Monte-Carlo credit checker's continuations).
+
+Numerics: in fp32 the outputs do not depend on which other rows share a batch. In bf16 on a CPU
+they can (matmul rounding varies with the batch shape; ``generate``'s own greedy output for a
+prompt changes between batches of 1, 4 and 32 rows), so prefilling each distinct prompt once
+draws different tokens for a given seed than prefilling every copy would.
 """
 
 from __future__ import annotations
@@ -101,7 +115,8 @@ def sample_next_token(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    probs = torch.softmax(scaled, dim=-1)
     batch, vocab = probs.shape
     if top_p >= 1.0:
         candidates, candidate_ids = probs, None
@@ -298,8 +313,9 @@ def sample_responses(
     copies (a group of K samples pays one prefill).
 
     Args:
-        model: a Hugging Face causal LM with full-attention layers (its device and dtype are used
-            as they are; the trainer passes a bf16 copy of the policy on CPU).
+        model: a Hugging Face causal LM (its device and dtype are used as they are; the trainer
+            passes a bf16 copy of the policy on CPU). Full-attention layers get preallocated
+            cache buffers; other layer kinds (sliding windows) keep their own cache layers.
         prompt_ids: ``B`` token-id lists (a prompt repeated K times gives K samples).
         max_new_tokens: cap on response length.
         stop_ids: end-of-turn token ids (see ``stop_token_ids``).
@@ -343,11 +359,14 @@ def sample_responses(
         input_ids=input_ids, attention_mask=attention, position_ids=positions,
         past_key_values=prefill, use_cache=True, logits_to_keep=1,
     ).logits[:, -1]
-    rows = torch.tensor(source, device=device)
-    if len(distinct) == len(prompts):
-        cache = _buffered_cache(prefill, lambda t: t, max_new_tokens)
-    else:
-        cache = _buffered_cache(prefill, lambda t: t[rows], max_new_tokens)
+    rows = None if len(distinct) == len(prompts) else torch.tensor(source, device=device)
+    cache: Cache = prefill
+    if all(type(layer) is DynamicLayer for layer in prefill.layers):
+        cache = _buffered_cache(prefill, (lambda t: t) if rows is None else (lambda t: t[rows]),
+                                max_new_tokens)
+    elif rows is not None:  # other layer kinds (sliding windows) keep their own cache
+        prefill.batch_select_indices(rows)
+    if rows is not None:
         logits, lengths = logits[rows], lengths[rows]
         attention = None if attention is None else attention[rows]
     del prefill
