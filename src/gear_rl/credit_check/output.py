@@ -230,11 +230,11 @@ def plot_trajectories(data: dict[str, Any], count: int) -> bytes | None:
         bottom.axhline(0, color="#888888", linewidth=0.6)
         bottom.set_ylabel("advantage / max|.|")
         bottom.set_xlabel("response token")
-        bottom.legend(fontsize=7, ncol=min(len(labels), 6), loc="upper right")
+        bottom.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         step = max(1, length // 60)
         bottom.set_xticks(xs[::step])
-        bottom.set_xticklabels([json.dumps(t)[1:-1][:8] for t in traj["tokens"][::step]],
-                               rotation=90, fontsize=7)
+        bottom.set_xticklabels([json.dumps(t, ensure_ascii=False)[1:-1][:8]
+                                for t in traj["tokens"][::step]], rotation=90, fontsize=7)
         top.tick_params(labelbottom=False)
     plot = Plot(name="credit_check", title="per-token Monte-Carlo advantage and each "
                 "estimator's advantage", figure=figure)
