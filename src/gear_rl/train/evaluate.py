@@ -1,22 +1,51 @@
 """Held-out evaluation: Mean@k (average correctness over k samples per problem) and pass@k
-(share of problems with at least one correct sample among k)."""
+(share of problems with at least one correct sample among k), with per-problem records.
+
+**Paired draws.** On single-turn tasks every sample keeps its own place in the random stream:
+sample ``j`` of problem ``i`` is row ``i * k + j`` of its generation batch, and no row leaves
+the batch before ``max_new_tokens`` (each response is cut at its first stop token afterwards).
+So at every decoding step each row draws the same uniform number whatever any model generates,
+and two models evaluated with the same ``seed``, problems, ``k`` and ``batch_size`` sample each
+(problem, sample) with identical random numbers: a comparison of two methods is paired problem
+by problem and draw by draw (common random numbers). Letting finished rows leave the batch
+instead (what training does) shifts the later rows' draws by how many rows a model has already
+finished. Keeping every row costs decoding the full ``max_new_tokens``: on the default task
+(answers of 17 tokens on average, 32 allowed) the evaluation's sampling took 1.3-2.2x as long
+(median 1.6x over 3 alternations, 32 problems x 4 samples, a loaded 2-core Xeon), a few
+percent of a run. (A generator per row in the sampler would make the draws independent of the
+batch layout as well, and keep early stopping.) Multi-turn tasks (agents, environments) sample
+from one stream seeded by ``seed``: they are paired by problem only.
+
+**Records.** :func:`write_eval_records` stores one evaluation's per-problem records in the run
+directory (``eval_records/step-NNNNNN.json``, one file per evaluated step, written atomically,
+so a resumed run rewrites the same files and leaves nothing behind); :func:`read_eval_records`
+reads them back.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gear_rl.agent.loop import AgentLimits
+from gear_rl.rundir import atomic_write_text
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.episodes import collect, decode_response
+from gear_rl.train.episodes import Rows, collect, decode_response
+from gear_rl.train.rollout import sample_responses
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["decode_response", "evaluate"]
+__all__ = ["EVAL_RECORDS", "decode_response", "evaluate", "read_eval_records",
+           "write_eval_records"]
+
+EVAL_RECORDS = "eval_records"
+"""The folder of a run directory holding the per-problem records of each evaluation."""
 
 
 def evaluate(
@@ -43,7 +72,9 @@ def evaluate(
         tokenizer: its tokenizer (chat template for the prompts).
         task: scorer and, unless ``problems`` is given, the held-out problems (``task.eval``).
         k, temperature, top_p, max_new_tokens: sampling.
-        seed: seeds the sampling stream, so the same model and seed give the same score.
+        seed: seeds the sampling stream, so the same model and seed give the same score
+            (single-turn tasks: the same draws for each (problem, sample) whatever the model,
+            see the module docstring).
         stop_ids, pad_id: see ``gear_rl.train.rollout.sample_responses``.
         batch_size: rows per generation batch.
         limits, sandbox: multi-turn limits and the Python sandbox for agent / environment
@@ -52,7 +83,8 @@ def evaluate(
     Returns:
         ``{"mean@k": float, "pass@k": float, "problems": int, "samples": int,
         "response_len": float, "truncated": float, "records": [...]}`` where ``records`` has one
-        entry per problem (id, answer, per-sample rewards and extracted answers), plus the
+        entry per problem in the order of ``problems`` (``id``, ``answer``, the k per-sample
+        ``rewards``, ``extracted`` answers and response ``lengths`` in tokens), plus the
         agent / environment metrics of multi-turn tasks (``agent/...``, ``env/...``).
     """
     if k < 1:
@@ -63,23 +95,28 @@ def evaluate(
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(int(seed))
     prompts = [build_prompt_ids(tokenizer, p.prompt) for p in problems]
-    rows = collect(task, [p for p in problems for _ in range(k)],
-                   [p for p in prompts for _ in range(k)], model=model, tokenizer=tokenizer,
-                   stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                   generator=generator, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                   limits=limits, sandbox=sandbox)
+    row_problems = [p for p in problems for _ in range(k)]
+    row_prompts = [p for p in prompts for _ in range(k)]
+    if task.env is None and task.agent is None:
+        rows = _single_turn_paired(task, row_problems, row_prompts, model=model,
+                                   tokenizer=tokenizer, stop_ids=stop_ids, pad_id=pad_id,
+                                   temperature=temperature, top_p=top_p, generator=generator,
+                                   max_new_tokens=max_new_tokens, batch_size=batch_size)
+    else:
+        rows = collect(task, row_problems, row_prompts, model=model, tokenizer=tokenizer,
+                       stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
+                       generator=generator, max_new_tokens=max_new_tokens,
+                       batch_size=batch_size, limits=limits, sandbox=sandbox)
     records, correct, any_correct = [], 0.0, 0
     for index, problem in enumerate(problems):
-        rewards, answers = [], []
-        for j in range(k):
-            row = index * k + j
-            rewards.append(rows.rewards[row])
-            answers.append(rows.extracted[row])
+        chosen = range(index * k, (index + 1) * k)
+        rewards = [rows.rewards[row] for row in chosen]
         hits = [r >= 1.0 for r in rewards]
         correct += sum(hits)
         any_correct += any(hits)
         records.append({"id": problem.id, "answer": problem.answer, "rewards": rewards,
-                        "extracted": answers})
+                        "extracted": [rows.extracted[row] for row in chosen],
+                        "lengths": [len(rows.response_ids[row]) for row in chosen]})
     samples = len(problems) * k
     return {
         f"mean@{k}": correct / samples,
@@ -91,3 +128,62 @@ def evaluate(
         "records": records,
         **rows.metrics,
     }
+
+
+def _single_turn_paired(task: Task, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
+                        *, model: torch.nn.Module, tokenizer: Any, stop_ids: Sequence[int],
+                        pad_id: int, temperature: float, top_p: float,
+                        generator: torch.Generator, max_new_tokens: int,
+                        batch_size: int | None) -> Rows:
+    """One sample per prompt with paired draws (module docstring): sampled without stop tokens,
+    so that no row leaves its batch, then each response cut after its first stop token and
+    scored as :func:`gear_rl.train.episodes.collect` scores single-turn rows."""
+    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=(),
+                              pad_id=pad_id, temperature=temperature, top_p=top_p,
+                              generator=generator, batch_size=batch_size)
+    stops = set(int(s) for s in stop_ids)
+    responses, finished = [], []
+    for ids in result.response_ids:
+        end = next((i for i, token in enumerate(ids) if token in stops), None)
+        responses.append(ids if end is None else ids[:end + 1])
+        finished.append(end is not None)
+    texts = [decode_response(tokenizer, r, f) for r, f in zip(responses, finished, strict=True)]
+    return Rows(response_ids=responses, finished=finished, texts=texts,
+                extracted=[task.extract(t) for t in texts],
+                rewards=[task.score(p, t) for p, t in zip(problems, texts, strict=True)])
+
+
+def _records_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / EVAL_RECORDS / f"step-{step:06d}.json"
+
+
+def write_eval_records(run_dir: str | Path, step: int, result: dict[str, Any], *, k: int,
+                       seed: int) -> Path:
+    """Store the per-problem ``records`` of one :func:`evaluate` ``result`` at training
+    ``step`` as ``RUN_DIR/eval_records/step-NNNNNN.json`` (atomically; an existing file of the
+    same step, left by an interrupted run that is resumed, is replaced). Returns its path."""
+    path = _records_path(run_dir, step)
+    atomic_write_text(path, json.dumps({"step": step, "k": k, "seed": seed,
+                                        "records": result["records"]}) + "\n")
+    return path
+
+
+def read_eval_records(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Every evaluation's records of a run directory: step -> ``{"step", "k", "seed",
+    "records"}`` ({} when the run stored none). A malformed file raises ``ValueError`` naming
+    it."""
+    folder = Path(run_dir) / EVAL_RECORDS
+    out: dict[int, dict[str, Any]] = {}
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("step-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            step, records = int(data["step"]), data["records"]
+            if not isinstance(records, list) or not all(
+                    isinstance(r, dict) and isinstance(r.get("rewards"), list) for r in records):
+                raise TypeError("records must be a list of objects with rewards")
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}: not an eval records file ({error})") from error
+        out[step] = data
+    return out
