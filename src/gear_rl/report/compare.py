@@ -11,9 +11,11 @@ written tables name the settings that differ. A run that did not finish (no ``su
 its last held-out eval before its configured last step) has no final score: it is listed as
 unfinished and left out of the statistics.
 
-Statistics are over seeds only: the trainer logs aggregate eval metrics, not per-problem
-results, so a per-problem bootstrap is not possible from a run directory. The decision rule is
-spelled out in the output (:data:`RULE`).
+Statistics are over seeds only: by default the trainer logs aggregate eval metrics, not
+per-problem results. ``gear-rl study`` (:mod:`gear_rl.study`) trains with ``eval.records=true``
+and compares methods problem by problem with a paired bootstrap; it builds on the pieces here
+(:data:`COMPARABLE`, :func:`mismatched_configs`, :func:`run_state`, :func:`welch_test`,
+:func:`band_plot`). The decision rule is spelled out in the output (:data:`RULE`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import math
 import statistics
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,9 +41,13 @@ __all__ = [
     "RULE",
     "Comparison",
     "MethodResult",
+    "band_plot",
     "compare_runs",
+    "mismatch_error",
+    "mismatched_configs",
     "mismatched_settings",
     "run_comparison",
+    "run_state",
     "t_interval",
     "welch_test",
 ]
@@ -268,10 +274,17 @@ def _same(a: Any, b: Any) -> bool:
 
 def mismatched_settings(runs: Sequence[RunData]) -> dict[str, dict[str, Any]]:
     """Each :data:`COMPARABLE` setting on which ``runs`` disagree: run directory -> value."""
+    return mismatched_configs({str(run.path): run.config for run in runs})
+
+
+def mismatched_configs(configs: Mapping[str, Mapping[str, Any]]
+                       ) -> dict[str, dict[str, Any]]:
+    """Each :data:`COMPARABLE` setting on which the nested ``configs`` (name -> config dict, as
+    in ``config.yaml``) disagree: name -> value."""
     out: dict[str, dict[str, Any]] = {}
     for key in COMPARABLE:
-        values = {str(run.path): _setting(run.config, key) for run in runs}
-        first = next(iter(values.values()))
+        values = {name: _setting(dict(config), key) for name, config in configs.items()}
+        first = next(iter(values.values()), None)
         if any(not _same(first, value) for value in values.values()):
             out[key] = values
     return out
@@ -282,8 +295,10 @@ def _names(paths: list[str], most: int = 3) -> str:
     return shown if len(paths) <= most else f"{shown} and {len(paths) - most} more"
 
 
-def _mismatch_error(mismatch: dict[str, dict[str, Any]]) -> str:
-    """One line: which runs differ from the first one, in which settings."""
+def mismatch_error(mismatch: dict[str, dict[str, Any]], *, command: str = "compare",
+                   remedy: str = "pass --allow-mismatch (allow_mismatch=True) to compare them "
+                                 "anyway") -> str:
+    """One line: which runs differ from the first one, in which settings, then ``remedy``."""
     keys = list(mismatch)
     runs = list(next(iter(mismatch.values())))
     groups: list[list[str]] = []  # runs with the same values of the differing settings
@@ -301,8 +316,7 @@ def _mismatch_error(mismatch: dict[str, dict[str, Any]]) -> str:
                      for k in keys if not _same(mismatch[k][reference[0]], mismatch[k][group[0]])]
         verb = "differs" if len(group) == 1 else "differ"
         parts.append(f"{_names(group)} {verb} from {_names(reference)} in {', '.join(differing)}")
-    return (f"compare: the runs are not comparable: {'; '.join(parts)}; pass --allow-mismatch "
-            "(allow_mismatch=True) to compare them anyway")
+    return f"{command}: the runs are not comparable: {'; '.join(parts)}; {remedy}"
 
 
 def _mean_curve(curves: list[tuple[list[int], list[float]]]
@@ -317,34 +331,48 @@ def _mean_curve(curves: list[tuple[list[int], list[float]]]
             [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps])
 
 
-def curves_plot(methods: list[MethodResult], metric: str) -> Plot:
-    """Held-out ``metric`` and training reward over steps, every method on one figure (mean
-    over seeds, shaded between the lowest and highest seed)."""
-    figure = Figure(figsize=(11.0, 4.0), layout="constrained")
-    held, reward = figure.subplots(1, 2)
-    name = metric.removeprefix("eval/")
-    for axes, title, ylabel in ((held, f"Held-out {name}", f"held-out {name}"),
-                                (reward, "Training reward", "mean reward")):
-        axes.set_title(title)
+Curve = tuple[list[int], list[float]]  # (steps, values) of one run
+
+
+def band_plot(name: str, title: str, panels: Sequence[tuple[str, str]],
+              methods: Sequence[tuple[str, Sequence[Sequence[Curve]]]]) -> Plot:
+    """One figure with a panel per ``(title, ylabel)`` of ``panels`` (x: training step). Each
+    method, ``(label, per panel the curves of its runs)``, is drawn in every panel as the mean
+    over its runs at each step, shaded between the lowest and highest run (the seed band) when
+    it has more than one run; a panel with no line has no legend."""
+    figure = Figure(figsize=(5.5 * len(panels), 4.0), layout="constrained")
+    axes_list = figure.subplots(1, len(panels), squeeze=False)[0]
+    for axes, (panel_title, ylabel) in zip(axes_list, panels, strict=True):
+        axes.set_title(panel_title)
         axes.set_xlabel("training step")
         axes.set_ylabel(ylabel)
         axes.grid(alpha=0.3)
-    for index, method in enumerate(methods):
+    for index, (label, per_panel) in enumerate(methods):
         colour = f"C{index}"
-        label = f"{method.label} (n={len(method.runs)})"
-        for axes, curves in ((held, [r.eval_curve for r in method.runs]),
-                             (reward, [r.reward_curve for r in method.runs])):
-            steps, mean, low, high = _mean_curve(curves)
+        for axes, curves in zip(axes_list, per_panel, strict=True):
+            steps, mean, low, high = _mean_curve(list(curves))
             if not steps:
                 continue
             axes.plot(steps, mean, color=colour, label=label,
                       marker="o" if len(steps) < 30 else None, markersize=3)
-            if len(method.runs) > 1:
+            if len(curves) > 1:
                 axes.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
-    for axes in (held, reward):
+    for axes in axes_list:
         if axes.lines:
             axes.legend(fontsize="small")
-    return Plot("curves", f"Held-out {name} and training reward per method", figure)
+    return Plot(name, title, figure)
+
+
+def curves_plot(methods: list[MethodResult], metric: str) -> Plot:
+    """Held-out ``metric`` and training reward over steps, every method on one figure (mean
+    over seeds, shaded between the lowest and highest seed)."""
+    name = metric.removeprefix("eval/")
+    return band_plot(
+        "curves", f"Held-out {name} and training reward per method",
+        [(f"Held-out {name}", f"held-out {name}"), ("Training reward", "mean reward")],
+        [(f"{method.label} (n={len(method.runs)})",
+          [[r.eval_curve for r in method.runs], [r.reward_curve for r in method.runs]])
+         for method in methods])
 
 
 def _verdict(method: MethodResult, baseline: MethodResult, alpha: float) -> str:
@@ -491,7 +519,7 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     runs = [load_run(path) for path in run_dirs]
     mismatch = mismatched_settings(runs)
     if mismatch and not allow_mismatch:
-        raise ValueError(_mismatch_error(mismatch))
+        raise ValueError(mismatch_error(mismatch))
     ended = [run for run in runs if RunDir(run.path).finished()]
     metric = _metric_key(ended) if ended else ""  # no run ended: all are unfinished, below
     results = [_run_result(run, metric) for run in runs]
@@ -585,6 +613,35 @@ def format_comparison(comparison: Comparison) -> str:
 
 _RESERVED = ("estimator", "seed", "out", "resume")
 
+RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
+
+
+def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
+              ignore: Sequence[str] = ()) -> str:
+    """What the planned run directory ``run_dir`` holds for a run of config ``wanted`` (a
+    :func:`~gear_rl.train.config.config_to_dict` dict with ``out`` set): ``new`` (no run yet),
+    ``finished`` (its ``summary.json``), ``interrupted`` (a checkpoint to resume from) or
+    ``no_checkpoint`` (interrupted before its first checkpoint).
+
+    Raises:
+        ValueError: the folder holds a run of another config; ``ignore`` names top-level
+            config keys left out of that check (settings a resume may change).
+    """
+    run = RunDir(run_dir)
+    if not run.is_run():
+        return "new"
+    saved = {k: v for k, v in run.read_config().items() if k not in ignore}
+    expected = {k: v for k, v in wanted.items() if k not in ignore}
+    if saved != expected:
+        state = "a finished" if run.finished() else "an interrupted"
+        changed = sorted(k for k in expected.keys() | saved.keys()
+                         if saved.get(k) != expected.get(k))
+        raise ValueError(f"{run_dir} holds {state} run with another config (differs in "
+                         f"{changed})")
+    if run.finished():
+        return "finished"
+    return "interrupted" if run.latest_checkpoint() is not None else "no_checkpoint"
+
 
 def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | Path, *,
                    config_path: str | Path | None = None, overrides: Sequence[str] = (),
@@ -635,26 +692,20 @@ def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | P
 
     todo = []  # what to train: new runs, and interrupted ones resumed from their checkpoint
     for run_dir, config in configs:
-        run = RunDir(run_dir)
-        if not run.is_run():
-            todo.append(config)
-            continue
-        state = "a finished" if run.finished() else "an interrupted"
-        saved = run.read_config()
         wanted = config_to_dict(config)
         wanted["out"] = str(run_dir)
-        if saved != wanted:
-            changed = sorted(k for k in wanted.keys() | saved.keys()
-                             if saved.get(k) != wanted.get(k))
-            raise ValueError(f"compare: {run_dir} holds {state} run with another config "
-                             f"(differs in {changed}); choose another --out")
-        if run.finished():
-            continue
-        if run.latest_checkpoint() is None:
+        try:
+            state = run_state(run_dir, wanted)
+        except ValueError as error:
+            raise ValueError(f"compare: {error}; choose another --out") from None
+        if state == "new":
+            todo.append(config)
+        elif state == "no_checkpoint":
             raise ValueError(f"compare: {run_dir} holds a run interrupted before its first "
                              "checkpoint (nothing to resume from); remove it to train it again, "
                              "or choose another --out")
-        todo.append(resume_config(run_dir))
+        elif state == "interrupted":
+            todo.append(resume_config(run_dir))
     for config in todo:
         Trainer(config).train()
     return compare_runs([run_dir for run_dir, _ in configs], folder, baseline=baseline,
