@@ -231,3 +231,48 @@ def test_hover_shows_the_numbers(browser: DevTools, tmp_path: Path) -> None:
 
     browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=2, y=2)
     browser.wait_for("document.getElementById('tooltip').style.display === 'none'", 5)
+
+
+def test_credit_check_entry_colours_by_the_monte_carlo_advantage(browser: DevTools,
+                                                                  tmp_path: Path) -> None:
+    """A run holding a credit check (``credit_check/credit_check.json``): its trajectories are
+    the last Step entry, and the Monte-Carlo advantage colours their tokens by sign."""
+
+    def trajectory(row: int, advantage: float, tokens: list[str], mc: list[float]) -> dict:
+        n = len(tokens)
+        return {"row": row, "group": 0, "problem_id": "p0", "prompt": "q", "answer": "4",
+                "response": "".join(tokens), "extracted": "4", "reward": float(advantage > 0),
+                "advantage": advantage, "finished": True, "tokens": tokens,
+                "token_ids": list(range(n)), "mask": [1] * n, "entropy": [1.0] * n,
+                "divergence": [0.1] * n, "student_logprobs": [-1.0] * n,
+                "teacher_logprobs": [-1.2] * n, "segment_onset": [-1] * n,
+                "mc_advantage": mc, "advantages": {"gear": [advantage] * n},
+                "run_estimator": "gear"}
+
+    run = write_run(tmp_path / "run", estimator="gear",
+                    samples=[sample(1, 0, 1.0, ["a"]), sample(1, 0, -1.0, ["b"])])
+    (run / "credit_check").mkdir()
+    (run / "credit_check" / "credit_check.json").write_text(json.dumps({
+        "settings": {"checkpoint_step": 5},
+        "trajectories": [trajectory(0, 0.8, ["4", " x", " 2"], [0.5, -0.25, 0.0]),
+                         trajectory(1, -0.8, ["5"], [-0.6])]}))
+    page = build_report(run, tmp_path / "out").html
+    browser.send("Page.navigate", url=page.as_uri())
+    browser.wait_for("document.readyState === 'complete' && document.body && "
+                     "document.body.dataset.ready === '1' && "
+                     "document.querySelectorAll('#step option').length === 2")
+    labels = browser.js("[...document.querySelectorAll('#step option')].map(o => o.textContent)")
+    assert labels == ["step 1", "credit check (checkpoint step 5)"]
+    assert "mc_advantage" in browser.js(
+        "[...document.querySelectorAll('#signal option')].map(o => o.value)")
+    browser.js("(() => { const s = document.getElementById('step'); s.value = '1';"
+               " s.dispatchEvent(new Event('change'));"
+               " const g = document.getElementById('signal'); g.value = 'mc_advantage';"
+               " g.dispatchEvent(new Event('change')); })()")
+    assert browser.js("document.body.dataset.signal") == "mc_advantage"
+    assert browser.js("document.querySelectorAll('#traj-pos .tok').length") == 3
+    assert _background(browser, "pos", 0).startswith("rgba(26, 150, 65")  # MC advantage > 0
+    assert _background(browser, "pos", 1).startswith("rgba(215, 48, 39")  # < 0
+    assert _background(browser, "neg", 0).startswith("rgba(215, 48, 39")
+    assert "from the credit check" in browser.js(
+        "document.getElementById('legend').textContent")
