@@ -3,21 +3,49 @@
 - :func:`scan_reference`: the scan of docs/design.md step 4 in plain Python, one row at a time.
   It is the specification the tests hold the kernel to.
 - :func:`gear_kernel`: the whole per-row pipeline (validate, normalise, scan, score, sign-aware
-  weight, rescale) fused into one numba kernel, parallel over rows. The scan is sequential within
-  a row, so it cannot be vectorised; fusing every step into one pass over memory is what keeps
-  GEAR within a few elementwise passes of plain GRPO (see ``benchmarks/credit_speed.py``).
+  weight, rescale) compiled with numba, parallel over rows.
+
+How the kernel works on a row (``benchmarks/credit_speed.py`` measures it in elementwise passes):
+
+1. One vectorised pass over the row checks every value (finite divergence and entropy, mask 0/1)
+   and takes the min/max of divergence and entropy over policy tokens, the policy count and the
+   position after the last policy token (``end``). Min and max are taken on order-preserving
+   integer keys of the floats (:func:`_order_key`), which vectorise without fast-math and are
+   exact. Tokens from ``end`` on are padding: their outputs are written as 0 / -1 directly.
+2. The rest runs in blocks of :data:`BLOCK` tokens, which stay in L1:
+
+   a. *prepare* (vectorised): ``n_t`` in float64 as before, the onset test, and integer keys of
+      ``H_t`` and of the threshold ``lambda_h * H_t``, so that the scan compares integers;
+   b. *scan*: the segment state is one integer, ``T``: the key of the open segment's threshold,
+      or ``NONE`` outside segments. Per token ``T' = key(lambda_h H_t) if T == NONE and t opens
+      else NONE if key(H_t) > T else T``: two selects, emitted as selects the compiler may not
+      turn into branches (:func:`_select`), so the cost does not depend on how often segments
+      open or close. Non-policy tokens carry the key ``NONE`` (below every other key) and so
+      neither open nor close a segment;
+   c. *weights* (vectorised): ``W_t`` from the token's score and the row's sign.
+3. ``entropy_window`` keeps a per-segment scan (its termination needs the running mean of the
+   first ``window - 1`` tokens after the onset, a division per token that would otherwise sit on
+   the scan's dependency chain), over each run of consecutive policy tokens, with the
+   full-window means of every token computed first, vectorised.
 
 Both compute the normalised divergence as ``(float64(d) - float64(min)) / float64(max - min)``
-and compare in float64, so their onsets are identical, not merely close.
+and compare in float64 (the kernel's integer keys order exactly as the float64 values do), so
+their onsets are identical, not merely close. In hot loops the code avoids Python conditional
+expressions around divisions: numba lowers them as branches, which stops vectorisation (measured
+about 10x slower for the prepare step).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir  # type: ignore[import-untyped]
+from numba import types
+from numba.extending import intrinsic
 
 from gear_rl.credit.config import GEARConfig
 
@@ -29,7 +57,9 @@ OUTPUT_ADVANTAGES, OUTPUT_ONSETS, OUTPUT_WEIGHTS = 0, 1, 2
 # Per-row status codes the kernel reports; the caller turns them into ValueErrors.
 STATUS_OK, STATUS_DIVERGENCE, STATUS_ENTROPY, STATUS_MASK = 0, 1, 2, 3
 RANGE_EPS = 1e-8  # docs/design.md step 3: a range below this normalises to 0
-_BIG = float(np.finfo(np.float64).max)  # finite min/max sentinel (see _row_range)
+BLOCK = 1024  # tokens per block of the kl-family scan: its buffers (4 x 8 KiB) stay in L1
+NONE = np.int64(-(2**63))  # scan state "outside a segment"; below the key of every number
+_KEY_MAX = np.int64(2**63 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,240 +143,519 @@ def scan_reference(
 
 
 # ---------------------------------------------------------------------------------------------
-# Compiled kernel: the same steps fused, one row per parallel iteration.
+# Compiled kernel. Helpers first: LLVM-level primitives numba has no spelling for.
 # ---------------------------------------------------------------------------------------------
-@numba.njit(parallel=True, cache=True, nogil=True)
+def _llvm(typer: Callable[..., Any]) -> Any:
+    """``numba.extending.intrinsic``, typed ``Any`` for mypy (the typer's first parameter, the
+    typing context, is not an argument of the compiled call)."""
+    return intrinsic(typer)
+
+
+@_llvm
+def _select(typingctx, cond, a, b):  # pragma: no cover - compiled
+    """``a if cond else b`` as one LLVM ``select`` marked ``!unpredictable``.
+
+    Both values are computed. The mark keeps LLVM from turning the select back into a branch
+    (which it does for the scan's selects otherwise: their condition depends on the previous
+    token, and a mispredicted branch per segment boundary is what made dense rows slow)."""
+    if not isinstance(cond, types.Boolean) or a != b:
+        return None
+
+    def codegen(context, builder, signature, args):
+        inst = builder.select(*args)
+        inst.set_metadata("unpredictable", builder.module.add_metadata([]))
+        return inst
+    return a(cond, a, b), codegen
+
+
+@_llvm
+def _order_key(typingctx, x):  # pragma: no cover - compiled
+    """int64 key of a float32/float64 ``x``: ``key(x) < key(y)`` exactly when ``x < y``, for
+    any non-NaN ``x, y`` except that -0.0 orders below 0.0 (add 0.0 first where they must tie).
+    The float's bits with the magnitude bits flipped when negative, sign-extended to 64 bits."""
+    if x not in (types.float32, types.float64):
+        return None
+    width = x.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(width)
+        bits = builder.bitcast(args[0], ity)
+        flip = builder.lshr(builder.ashr(bits, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
+        key = builder.xor(bits, flip)
+        return builder.sext(key, ir.IntType(64)) if width < 64 else key
+    return types.int64(x), codegen
+
+
+@_llvm
+def _key_value(typingctx, key, like):  # pragma: no cover - compiled
+    """The number (as float64) whose :func:`_order_key` is ``key``; ``like`` is any value of the
+    float type the key was made from."""
+    if key != types.int64 or like not in (types.float32, types.float64):
+        return None
+    width = like.bitwidth
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(width)
+        k = builder.trunc(args[0], ity) if width < 64 else args[0]
+        flip = builder.lshr(builder.ashr(k, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
+        value = builder.bitcast(builder.xor(k, flip), context.get_value_type(like))
+        return builder.fpext(value, ir.DoubleType()) if width < 64 else value
+    return types.float64(key, like), codegen
+
+
+@_llvm
+def _bits(typingctx, x):  # pragma: no cover - compiled
+    """The bits of a float64 as an int64 (so that the scan selects scores as integers)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+    return types.int64(x), codegen
+
+
+@_llvm
+def _from_bits(typingctx, k):  # pragma: no cover - compiled
+    """Inverse of :func:`_bits`."""
+    if k != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+    return types.float64(k), codegen
+
+
+@numba.njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 def gear_kernel(divergence, entropy, mask, advantages, segmentation, normalize, lambda_kl,
                 lambda_h, alpha, beta, window, sign_aware, mean_preserving, output, out_float,
                 out_onsets, status):  # pragma: no cover - compiled; held to the reference by tests
-    """Fused GEAR over rows (numba). Arrays: ``divergence``, ``entropy``, ``mask`` ``[B, T]``;
+    """GEAR over rows (numba). Arrays: ``divergence``, ``entropy``, ``mask`` ``[B, T]``;
     ``advantages`` ``[B]``; ``out_float`` ``[B, T]`` (advantages or weights) or a dummy;
     ``out_onsets`` ``[B, T]`` int64 or a dummy; ``status`` ``[B]`` int8, written per row."""
-    num_rows, length = divergence.shape
+    num_rows = divergence.shape[0]
     for b in numba.prange(num_rows):
-        status[b] = _gear_row(b, length, divergence, entropy, mask, advantages, segmentation,
-                              normalize, lambda_kl, lambda_h, alpha, beta, window, sign_aware,
+        status[b] = _gear_row(b, divergence, entropy, mask, advantages, segmentation, normalize,
+                              lambda_kl, lambda_h, alpha, beta, window, sign_aware,
                               mean_preserving, output, out_float, out_onsets)
 
 
-@numba.njit(cache=True, nogil=True)
-def _row_status(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
-    """The status of a row known to hold a bad value: the first bad token decides, divergence
-    before entropy before mask (the slow path; rows are checked branch-free first)."""
-    for t in range(length):
-        m = mask[b, t]
-        if not math.isfinite(divergence[b, t]):
-            return 1
-        if not math.isfinite(entropy[b, t]):
-            return 2
-        if m != 0 and m != 1:
-            return 3
-    return 0
-
-
-@numba.njit(cache=True, nogil=True)
-def _row_valid(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
-    """Whether every divergence and entropy of the row is finite and every mask value 0 or 1."""
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _row_stats(drow, hrow, mrow):  # pragma: no cover - compiled
+    """Pass 1 over a row, branch-free (it vectorises): whether it holds a bad value (NaN/inf or
+    a mask value other than 0/1), the order keys of the min and max divergence and entropy over
+    policy tokens, the policy count and one past the last policy token."""
+    big = _KEY_MAX
+    small = NONE
     bad = False
-    for t in range(length):
-        m = mask[b, t]
-        # abs(x) < inf is False exactly for inf and NaN
-        bad |= (not (abs(divergence[b, t]) < np.inf)) | (not (abs(entropy[b, t]) < np.inf)) | (
-            (m != 0) & (m != 1))
-    return not bad
-
-
-# nnan/ninf hold: only rows that passed _row_valid come here, and the sentinels are finite
-# (DBL_MAX); min/max are exact in any order, so these flags only let the loop vectorise.
-@numba.njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
-def _row_range(b, length, divergence, entropy, mask):  # pragma: no cover - compiled
-    """float64 min and max of the row's divergence and entropy over policy tokens, and their
-    count (an empty row gives the sentinels, unused: it normalises to 0)."""
-    big = _BIG
-    d_low, d_high, h_low, h_high = big, -big, big, -big
+    d_low, d_high, h_low, h_high = big, small, big, small
     count = 0
-    for t in range(length):
-        d = np.float64(divergence[b, t])
-        h = np.float64(entropy[b, t])
-        policy = mask[b, t] != 0
+    end = 0
+    for t in range(mrow.shape[0]):
+        m = mrow[t]
+        d = drow[t]
+        h = hrow[t]
+        # abs(x) < inf is False exactly for inf and NaN
+        bad |= (not (abs(d) < np.inf)) | (not (abs(h) < np.inf)) | ((m != 0) & (m != 1))
+        policy = m != 0
+        d_key = _order_key(d)
+        h_key = _order_key(h)
+        d_low = min(d_low, d_key if policy else big)
+        d_high = max(d_high, d_key if policy else small)
+        h_low = min(h_low, h_key if policy else big)
+        h_high = max(h_high, h_key if policy else small)
         count += policy
-        d_low = min(d_low, d if policy else big)
-        d_high = max(d_high, d if policy else -big)
-        h_low = min(h_low, h if policy else big)
-        h_high = max(h_high, h if policy else -big)
-    return d_low, d_high, h_low, h_high, count
+        end = max(end, t + 1 if policy else 0)
+    return bad, d_low, d_high, h_low, h_high, count, end
 
 
-@numba.njit(cache=True, nogil=True)
-def _gear_row(b, length, divergence, entropy, mask, advantages, segmentation, normalize,
-              lambda_kl, lambda_h, alpha, beta, window, sign_aware, mean_preserving, output,
-              out_float, out_onsets):  # pragma: no cover - compiled
-    # Pass 1: validate, then the min/max over policy tokens (step 3); both loops branch-free
-    # reductions that vectorise. A row holding a bad value is located token by token after.
-    if not _row_valid(b, length, divergence, entropy, mask):
-        return _row_status(b, length, divergence, entropy, mask)
-    d_low, d_high, h_low, h_high, count = _row_range(b, length, divergence, entropy, mask)
-    d_low64 = d_low
-    d_span = d_high - d_low64
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _row_status(drow, hrow, mrow):  # pragma: no cover - compiled
+    """The status of a row known to hold a bad value: the first bad token decides, divergence
+    before entropy before mask (the slow path)."""
+    for t in range(mrow.shape[0]):
+        m = mrow[t]
+        if not math.isfinite(drow[t]):
+            return STATUS_DIVERGENCE
+        if not math.isfinite(hrow[t]):
+            return STATUS_ENTROPY
+        if m != 0 and m != 1:
+            return STATUS_MASK
+    return STATUS_OK
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _gear_row(b, divergence, entropy, mask, advantages, segmentation, normalize, lambda_kl,
+              lambda_h, alpha, beta, window, sign_aware, mean_preserving, output, out_float,
+              out_onsets):  # pragma: no cover - compiled
+    drow = divergence[b]
+    hrow = entropy[b]
+    mrow = mask[b]
+    bad, d_low_key, d_high_key, h_low_key, h_high_key, count, end = _row_stats(drow, hrow, mrow)
+    if bad:
+        return _row_status(drow, hrow, mrow)
+    # step 3: min/max over policy tokens, exact (an empty row gives unused values: it is all 0)
+    d_low = _key_value(d_low_key, drow[0])
+    d_high = _key_value(d_high_key, drow[0])
+    h_low = _key_value(h_low_key, hrow[0])
+    h_high = _key_value(h_high_key, hrow[0])
+    d_span = d_high - d_low
     d_zero = count == 0 or (normalize == 0 and d_span < RANGE_EPS) or (
         normalize == 1 and d_high < RANGE_EPS)
     # n = (d - offset) / scale is bit-identical to each mode's formula (x - 0.0 == x, x / 1.0 == x)
     if normalize == 0:
-        offset, scale = d_low64, d_span
+        offset, scale = d_low, d_span
     elif normalize == 1:
         offset, scale = 0.0, d_high
     else:
         offset, scale = 0.0, 1.0
-    h_low64 = h_low
-    h_span = h_high - h_low64
+    h_span = h_high - h_low
     h_zero = count == 0 or h_span < RANGE_EPS
+    # the selects below compute both sides: keep the unused quotients finite
+    if d_zero:
+        scale = 1.0
+    if h_zero:
+        h_span = 1.0
 
     a = np.float64(advantages[b])
     if sign_aware:
         sign = 1 if a > 0 else (-1 if a < 0 else 0)
     else:
         sign = 1
-    if output == 1:
-        factor = 1.0  # unused
-    elif output == 2 or mean_preserving:
-        factor = 1.0  # weights; scaled by A after the mean, below
+    # weights (and mean-preserving rows, scaled by A after the mean, below) are written with
+    # factor 1; plain advantages with factor A
+    factor = a if output == OUTPUT_ADVANTAGES and not mean_preserving else 1.0
+    onsets = output == OUTPUT_ONSETS
+    orow = out_onsets[b] if onsets else out_onsets[0]
+    frow = out_float[0] if onsets else out_float[b]
+
+    if segmentation == 4:
+        weight_sum = _window_row(drow, hrow, mrow, end, count, d_zero, offset, scale, lambda_kl,
+                                 lambda_h, window, sign, alpha, beta, factor, onsets,
+                                 mean_preserving, frow, orow)
     else:
-        factor = a
-    # Loop-invariant switches of the scan, so its body needs no data-dependent branch.
+        weight_sum = _blocks_row(drow, hrow, mrow, end, segmentation, d_zero, offset, scale,
+                                 h_zero, h_low, h_span, lambda_kl, lambda_h, sign, alpha, beta,
+                                 factor, onsets, mean_preserving, frow, orow)
+    if onsets:
+        orow[end:] = -1
+        return STATUS_OK
+    frow[end:] = 0.0
+    if mean_preserving:
+        mean_weight = weight_sum / count if count > 0 else 1.0
+        if abs(mean_weight) <= 1e-12:
+            mean_weight = 1.0  # all weights ~0: nothing to preserve, and never divide by ~0
+        scale_a = a if output == OUTPUT_ADVANTAGES else 1.0
+        for t in range(end):
+            if mrow[t] != 0:
+                frow[t] = (np.float64(frow[t]) / mean_weight) * scale_a
+    return STATUS_OK
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _blocks_row(drow, hrow, mrow, end, segmentation, d_zero, offset, scale, h_zero, h_low,
+                h_span, lambda_kl, lambda_h, sign, alpha, beta, factor, onsets, mean_preserving,
+                frow, orow):  # pragma: no cover - compiled
+    """Every mode but ``entropy_window`` on ``[0, end)``, block by block; returns the sum of the
+    policy weights in token order (when ``mean_preserving``)."""
     can_open = segmentation != 0
     reopen = segmentation == 2  # kl_only: a spike inside a segment opens the next one
     can_close = segmentation != 2
     entropy_signal = segmentation == 3
+    n_bits = np.empty(BLOCK, np.int64)
+    h_keys = np.empty(BLOCK, np.int64)
+    open_keys = np.empty(BLOCK, np.int64)
+    out_bits = np.empty(BLOCK, np.int64)
+    state = NONE
+    carried = np.int64(0)  # the open segment's onset score bits (or onset index)
+    weight_sum = 0.0
+    for start in range(0, end, BLOCK):
+        stop = min(start + BLOCK, end)
+        size = stop - start
+        mblk = mrow[start:stop]
+        _prepare(drow[start:stop], hrow[start:stop], mblk, n_bits, h_keys, open_keys, d_zero,
+                 offset, scale, entropy_signal, h_zero, h_low, h_span, can_open, can_close,
+                 lambda_kl, lambda_h)
+        if onsets:
+            if reopen:
+                state, carried = _scan_onsets_reopen(size, start, open_keys, out_bits, state,
+                                                     carried)
+            elif can_open:
+                state, carried = _scan_onsets(size, start, h_keys, open_keys, out_bits, state,
+                                              carried)
+            else:
+                out_bits[:size] = -1
+            _onsets_out(out_bits, mblk, orow[start:stop])
+            continue
+        if reopen:
+            state, carried = _scan_scores_reopen(size, open_keys, n_bits, out_bits, state,
+                                                 carried)
+            scores = out_bits
+        elif can_open:
+            state, carried = _scan_scores(size, h_keys, open_keys, n_bits, out_bits, state,
+                                          carried)
+            scores = out_bits
+        else:
+            scores = n_bits  # no segments: u_t = n_t
+        weight_sum += _weights(scores, mblk, sign, alpha, beta, factor, mean_preserving,
+                               frow[start:stop])
+    return weight_sum
 
-    # Pass 2: scan (step 4), score (5), weight (6), rescale (7), with selects for the state.
-    if segmentation == 4:
-        weight_sum = _scan_window(b, length, divergence, entropy, mask, d_zero, offset, scale,
-                                  lambda_kl, lambda_h, window, sign, alpha, beta, factor,
-                                  output, out_float, out_onsets)
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _prepare(dblk, hblk, mblk, n_bits, h_keys, open_keys, d_zero, offset, scale,
+             entropy_signal, h_zero, h_low, h_span, can_open, can_close, lambda_kl,
+             lambda_h):  # pragma: no cover - compiled
+    """Per token of a block (vectorised): the bits of ``n_t``; the key of ``H_t`` (``NONE`` at
+    non-policy tokens); at tokens that open a segment when outside one, the key of the
+    threshold ``lambda_h * H_t`` (+inf where segments never close), elsewhere ``NONE``."""
+    slope = lambda_h if can_close else 0.0
+    shift = 0.0 if can_close else np.inf  # 0.0 also turns -0.0 into 0.0, so zeros tie
+    if entropy_signal:
+        for i in range(dblk.shape[0]):
+            policy = mblk[i] != 0
+            h = np.float64(hblk[i])
+            n = _select(d_zero, 0.0, (np.float64(dblk[i]) - offset) / scale)
+            h_norm = _select(h_zero, 0.0, (h - h_low) / h_span)
+            n_bits[i] = _bits(n)
+            h_keys[i] = _select(policy, _order_key(h + 0.0), NONE)
+            open_keys[i] = _select(policy & (h_norm > lambda_kl),
+                                   _order_key(slope * h + shift), NONE)
     else:
-        weight_sum = _scan(b, length, divergence, entropy, mask, d_zero, offset, scale,
-                           h_zero, h_low64, h_span, lambda_kl, lambda_h, can_open, reopen,
-                           can_close, entropy_signal, sign, alpha, beta, factor, output,
-                           out_float, out_onsets)
-
-    if mean_preserving and output != 1:
-        mean_weight = weight_sum / count if count > 0 else 1.0
-        if abs(mean_weight) <= 1e-12:
-            mean_weight = 1.0  # all weights ~0: nothing to preserve, and never divide by ~0
-        scale_a = a if output == 0 else 1.0
-        for t in range(length):
-            if mask[b, t] != 0:
-                out_float[b, t] = (np.float64(out_float[b, t]) / mean_weight) * scale_a
-    return 0
+        for i in range(dblk.shape[0]):
+            policy = mblk[i] != 0
+            h = np.float64(hblk[i])
+            n = _select(d_zero, 0.0, (np.float64(dblk[i]) - offset) / scale)
+            n_bits[i] = _bits(n)
+            h_keys[i] = _select(policy, _order_key(h + 0.0), NONE)
+            open_keys[i] = _select(policy & can_open & (n > lambda_kl),
+                                   _order_key(slope * h + shift), NONE)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _scan(b, length, divergence, entropy, mask, d_zero, offset, scale, h_zero, h_low64, h_span,
-          lambda_kl, lambda_h, can_open, reopen, can_close, entropy_signal, sign, alpha, beta,
-          factor, output, out_float, out_onsets):  # pragma: no cover - compiled
-    """Scan of every mode but ``entropy_window``; returns the sum of the policy weights.
-
-    The per-token tail (score, weight, output) is written out here and in :func:`_scan_window`
-    on purpose: moving it into a shared inline helper measured about 1.8x slower
-    (``benchmarks/credit_speed.py --passes-only``, 4.1-4.7 vs 7.8-9.0 passes)."""
-    in_segment = False
-    onset = -1
-    onset_score = 0.0
-    threshold = 0.0
-    weight_sum = 0.0
-    for t in range(length):
-        policy = mask[b, t] != 0
-        d = np.float64(divergence[b, t])
-        h = np.float64(entropy[b, t])
-        n = 0.0 if d_zero else (d - offset) / scale
-        if entropy_signal:
-            signal = 0.0 if h_zero else (h - h_low64) / h_span
-        else:
-            signal = n
-        opens = policy & can_open & (signal > lambda_kl) & (reopen | (not in_segment))
-        closes = policy & in_segment & can_close & (h > threshold)
-        onset = t if opens else onset
-        onset_score = n if opens else onset_score
-        threshold = lambda_h * h if opens else threshold
-        inside = in_segment | opens
-        score = onset_score if inside else n
-        weight = _weight(score, sign, alpha, beta)
-        weight_sum += weight if policy else 0.0
-        if output == 1:
-            out_onsets[b, t] = onset if inside & policy else -1
-        else:
-            out_float[b, t] = weight * factor if policy else 0.0
-        in_segment = inside & (not closes)
-    return weight_sum
+# The four scans below differ in what they carry (a score or an onset index) and in kl_only's
+# rule; written apart so that each loop holds only its own selects.
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _scan_scores(size, h_keys, open_keys, n_bits, out_bits, state,
+                 onset_bits):  # pragma: no cover - compiled
+    """Segment scan over a block; ``out_bits`` gets each token's score ``u_t`` (as bits)."""
+    for i in range(size):
+        opener = open_keys[i]
+        n = n_bits[i]
+        outside = state == NONE
+        opens = outside & (opener != NONE)
+        kept = _select(h_keys[i] > state, NONE, state)  # NONE stays NONE
+        state = _select(outside, opener, kept)
+        onset_bits = _select(opens, n, onset_bits)
+        out_bits[i] = _select(outside & (not opens), n, onset_bits)
+    return state, onset_bits
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _scan_window(b, length, divergence, entropy, mask, d_zero, offset, scale, lambda_kl,
-                 lambda_h, window, sign, alpha, beta, factor, output, out_float,
-                 out_onsets):  # pragma: no cover - compiled
-    """Scan of ``entropy_window``; returns the sum of the policy weights.
-
-    The trailing mean of the k = min(seen, window) policy entropies after the onset is summed
-    oldest first, as the reference does: while seen <= window that sum is a running sum reset
-    at the onset; after, it is the full-window sum over the last ``window`` policy entropies,
-    which does not depend on the scan's state (so it is computed for every token, off the
-    scan's dependency chain)."""
-    # policy entropies in order, after ``window`` zeros (so the full window never underflows)
-    history = np.zeros(length + window, dtype=np.float64)
-    p = window  # next slot of ``history``
-    in_segment = False
-    onset = -1
-    onset_score = 0.0
-    threshold = 0.0
-    seen = 0  # policy tokens after the onset, saturating at ``window``
-    running = 0.0  # sum of the ``seen`` entropies after the onset, oldest first
-    weight_sum = 0.0
-    window_size = np.float64(window)
-    for t in range(length):
-        policy = mask[b, t] != 0
-        d = np.float64(divergence[b, t])
-        h = np.float64(entropy[b, t])
-        n = 0.0 if d_zero else (d - offset) / scale
-        history[p] = h
-        p += policy
-
-        step = policy & in_segment
-        seen_now = min(seen + 1, window) if step else seen
-        running_now = running + h if step else running
-        if step & (seen_now >= window):  # changes only at segment ends: predictable
-            total = 0.0
-            for q in range(p - window, p):  # oldest first
-                total += history[q]
-            k = window_size
-        else:
-            total = running_now
-            k = np.float64(max(seen_now, 1))
-        closes = step & (total / k > threshold)
-
-        opens = policy & (n > lambda_kl) & (not in_segment)
-        onset = t if opens else onset
-        onset_score = n if opens else onset_score
-        threshold = lambda_h * h if opens else threshold
-        seen = 0 if opens else seen_now
-        running = 0.0 if opens else running_now
-        inside = in_segment | opens
-        score = onset_score if inside else n
-        weight = _weight(score, sign, alpha, beta)
-        weight_sum += weight if policy else 0.0
-        if output == 1:
-            out_onsets[b, t] = onset if inside & policy else -1
-        else:
-            out_float[b, t] = weight * factor if policy else 0.0
-        in_segment = inside & (not closes)
-    return weight_sum
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _scan_scores_reopen(size, open_keys, n_bits, out_bits, state,
+                        onset_bits):  # pragma: no cover - compiled
+    """kl_only's scan: every spike opens a segment, nothing closes one."""
+    for i in range(size):
+        opener = open_keys[i]
+        n = n_bits[i]
+        opens = opener != NONE
+        outside = state == NONE
+        state = _select(opens, opener, state)
+        onset_bits = _select(opens, n, onset_bits)
+        out_bits[i] = _select(outside & (not opens), n, onset_bits)
+    return state, onset_bits
 
 
-@numba.njit(cache=True, inline="always")
-def _weight(score, sign, alpha, beta):  # pragma: no cover - compiled
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _scan_onsets(size, start, h_keys, open_keys, out_bits, state,
+                 onset):  # pragma: no cover - compiled
+    """Segment scan over a block; ``out_bits`` gets each token's onset index or -1."""
+    for i in range(size):
+        opener = open_keys[i]
+        outside = state == NONE
+        opens = outside & (opener != NONE)
+        kept = _select(h_keys[i] > state, NONE, state)
+        state = _select(outside, opener, kept)
+        onset = _select(opens, np.int64(start + i), onset)
+        out_bits[i] = _select(outside & (not opens), np.int64(-1), onset)
+    return state, onset
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _scan_onsets_reopen(size, start, open_keys, out_bits, state,
+                        onset):  # pragma: no cover - compiled
+    """kl_only's scan, onset indices."""
+    for i in range(size):
+        opens = open_keys[i] != NONE
+        outside = state == NONE
+        state = _select(opens, open_keys[i], state)
+        onset = _select(opens, np.int64(start + i), onset)
+        out_bits[i] = _select(outside & (not opens), np.int64(-1), onset)
+    return state, onset
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _weights(score_bits, mblk, sign, alpha, beta, factor, mean_preserving,
+             oblk):  # pragma: no cover - compiled
+    """Steps 6-7 on a block (vectorised): ``oblk = W * factor`` at policy tokens, 0 elsewhere.
+    Returns the sum of ``W`` over policy tokens in token order if ``mean_preserving``, else 0."""
+    size = oblk.shape[0]
     if sign > 0:
-        w = 1.0 - score
+        for i in range(size):
+            weight = alpha * (1.0 - _from_bits(score_bits[i])) + beta
+            oblk[i] = _select(mblk[i] != 0, weight * factor, 0.0)
     elif sign < 0:
-        w = score
+        for i in range(size):
+            weight = alpha * _from_bits(score_bits[i]) + beta
+            oblk[i] = _select(mblk[i] != 0, weight * factor, 0.0)
     else:
-        w = 0.5
-    return alpha * w + beta
+        weight = alpha * 0.5 + beta
+        for i in range(size):
+            oblk[i] = _select(mblk[i] != 0, weight * factor, 0.0)
+    total = 0.0
+    if mean_preserving:  # an ordered sum (a separate loop: it does not vectorise)
+        if sign > 0:
+            for i in range(size):
+                weight = alpha * (1.0 - _from_bits(score_bits[i])) + beta
+                total += _select(mblk[i] != 0, weight, 0.0)
+        elif sign < 0:
+            for i in range(size):
+                weight = alpha * _from_bits(score_bits[i]) + beta
+                total += _select(mblk[i] != 0, weight, 0.0)
+        else:
+            weight = alpha * 0.5 + beta
+            for i in range(size):
+                total += _select(mblk[i] != 0, weight, 0.0)
+    return total
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _onsets_out(onset_bits, mblk, oblk):  # pragma: no cover - compiled
+    for i in range(oblk.shape[0]):
+        oblk[i] = _select(mblk[i] != 0, onset_bits[i], np.int64(-1))
+
+
+# ---------------------------------------------------------------------------------------------
+# entropy_window
+# ---------------------------------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _window_row(drow, hrow, mrow, end, count, d_zero, offset, scale, lambda_kl, lambda_h,
+                window, sign, alpha, beta, factor, onsets, mean_preserving, frow,
+                orow):  # pragma: no cover - compiled
+    """``entropy_window`` on ``[0, end)``: a segment ends at the first token where the mean
+    entropy of the last ``k = min(seen, window)`` policy tokens after the onset exceeds
+    ``lambda_h * H_onset``. While ``k < window`` that mean is a running sum since the onset
+    (summed oldest first, like the reference); after, it is the full-window mean, which does
+    not depend on the scan and is computed beforehand for every token of a run of policy
+    tokens (:func:`_window_means`). Returns the sum of the policy weights in token order."""
+    size = max(end, 1)
+    n_bits = np.empty(size, np.int64)
+    opens_at = np.empty(size, np.bool_)
+    out_bits = np.empty(size, np.int64)
+    for t in range(end):
+        n = _select(d_zero, 0.0, (np.float64(drow[t]) - offset) / scale)
+        n_bits[t] = _bits(n)
+        opens_at[t] = (mrow[t] != 0) & (n > lambda_kl)
+    history = np.empty(window - 1 + end, np.float64)  # carry of window - 1, then the run
+    history[:window - 1] = 0.0
+    means = np.empty(size, np.float64)
+    inside = False
+    threshold = 0.0
+    mark = np.int64(0)  # the segment's onset score bits (or onset index)
+    seen = 0  # policy tokens after the onset, saturating at window
+    running = 0.0  # their entropy, summed oldest first, while seen < window
+    t = 0
+    while t < end:  # runs of consecutive policy tokens [a, b); the state carries across gaps
+        if count == end:  # every token before end is a policy token: one run
+            a = t
+            b = t = end
+        else:
+            while t < end and mrow[t] == 0:
+                t += 1
+            a = t
+            while t < end and mrow[t] != 0:
+                t += 1
+            b = t
+        _window_means(hrow[a:b], history, means, window)
+        i = a
+        while i < b:
+            if not inside:
+                while i < b and not opens_at[i]:
+                    out_bits[i] = -1 if onsets else n_bits[i]
+                    i += 1
+                if i == b:
+                    break
+                threshold = lambda_h * np.float64(hrow[i])
+                mark = np.int64(i) if onsets else n_bits[i]
+                out_bits[i] = mark
+                inside = True
+                seen = 0
+                running = 0.0
+                i += 1
+                continue
+            while i < b and seen < window - 1:  # k = seen < window: the running mean
+                seen += 1
+                running += np.float64(hrow[i])
+                out_bits[i] = mark
+                i += 1
+                if running / np.float64(seen) > threshold:
+                    inside = False
+                    break
+            if not inside:
+                continue
+            while i < b:  # k = window: the full-window mean
+                seen = window
+                out_bits[i] = mark
+                i += 1
+                if means[i - 1 - a] > threshold:
+                    inside = False
+                    break
+    if onsets:
+        _onsets_out(out_bits, mrow[:end], orow[:end])
+        return 0.0
+    return _weights(out_bits, mrow[:end], sign, alpha, beta, factor, mean_preserving,
+                    frow[:end])
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _window_means(hrun, history, means, window):  # pragma: no cover - compiled
+    """``means[i]``: the mean of the ``window`` policy entropies ending at token ``i`` of a run,
+    summed oldest first. ``history[:window - 1]`` holds the ``window - 1`` policy entropies
+    before the run (zeros at the row's start, never read there: the scan uses a mean only once
+    ``window`` tokens follow the onset) and is refilled for the next run. Vectorised: eight
+    offsets per pass, each term an ordered float64 add (a missing offset adds 0.0, which
+    changes a sum at most in the sign of a zero: the means are only compared)."""
+    size = hrun.shape[0]
+    lead = window - 1
+    for i in range(size):
+        history[lead + i] = np.float64(hrun[i])
+    for o in range(0, window, 8):
+        has = (o + 1 < window, o + 2 < window, o + 3 < window, o + 4 < window,
+               o + 5 < window, o + 6 < window, o + 7 < window)
+        s0 = history[o:o + size]
+        s1 = history[o + 1:o + 1 + size] if has[0] else s0
+        s2 = history[o + 2:o + 2 + size] if has[1] else s0
+        s3 = history[o + 3:o + 3 + size] if has[2] else s0
+        s4 = history[o + 4:o + 4 + size] if has[3] else s0
+        s5 = history[o + 5:o + 5 + size] if has[4] else s0
+        s6 = history[o + 6:o + 6 + size] if has[5] else s0
+        s7 = history[o + 7:o + 7 + size] if has[6] else s0
+        first = o == 0
+        for i in range(size):
+            total = _select(first, 0.0, means[i]) + s0[i]
+            total = total + _select(has[0], s1[i], 0.0)
+            total = total + _select(has[1], s2[i], 0.0)
+            total = total + _select(has[2], s3[i], 0.0)
+            total = total + _select(has[3], s4[i], 0.0)
+            total = total + _select(has[4], s5[i], 0.0)
+            total = total + _select(has[5], s6[i], 0.0)
+            total = total + _select(has[6], s7[i], 0.0)
+            means[i] = total
+    window_size = np.float64(window)
+    if window & (window - 1) == 0:
+        inverse = 1.0 / window_size  # exact: x * 2**-j and x / 2**j round the same number
+        for i in range(size):
+            means[i] = means[i] * inverse
+    else:
+        for i in range(size):
+            means[i] = means[i] / window_size
+    for o in range(lead):
+        history[o] = history[size + o]
