@@ -54,8 +54,9 @@ def one_numba_thread():
 
 pytestmark = pytest.mark.usefixtures("one_thread", "one_numba_thread")
 
+# fp32 sampler and signals: the same draws on every CPU (auto picks bf16 only where native)
 SMALL = ["model=tiny-random", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
-         "rollout.max_new_tokens=6"]
+         "rollout.max_new_tokens=6", "rollout.dtype=fp32", "precision=fp32"]
 
 
 def _problems(count: int) -> list[Problem]:
