@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP workers sleep instead of spinning (what the `gear-rl` CLI sets for itself): GEAR's
+# parallel numba kernel otherwise leaves workers spinning that slowed later torch work in the
+# same process 5-10x on a 2-core machine. Set before torch and numba start their runtimes.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from collections.abc import Iterator
 
 import pytest
