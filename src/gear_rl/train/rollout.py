@@ -248,8 +248,8 @@ def _decode(
     rows, device = logits.shape[0], logits.device
     # One token buffer and (with padding) one mask buffer for the whole loop.
     out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
-    mask = None
-    if attention is not None:
+    mask, width = None, 0
+    if attention is not None:  # the cache holds `width` positions before the first step
         width = attention.shape[1]
         mask = attention.new_ones(rows, width + max_new_tokens)
         mask[:, :width] = attention
@@ -276,7 +276,7 @@ def _decode(
                 mask = mask[kept]
         logits = model(
             input_ids=tokens.unsqueeze(-1),
-            attention_mask=None if mask is None else mask[:, : cache.get_seq_length() + 1],
+            attention_mask=None if mask is None else mask[:, : width + step + 1],
             position_ids=position + step, past_key_values=cache, use_cache=True,
         ).logits[:, -1]
     stop_set = set(stops)
