@@ -1,7 +1,8 @@
 """`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch),
 ``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k), ``report``
 (curves and the token-credit viewer of a run), ``compare`` (methods over seeds),
-``credit-check`` (every estimator's per-token credit against a Monte-Carlo ground truth)."""
+``credit-check`` (every estimator's per-token credit against a Monte-Carlo ground truth),
+``study`` (pre-registered paired multi-seed studies, docs/study.md)."""
 
 from __future__ import annotations
 
@@ -439,8 +440,14 @@ def _credit_check(argv: list[str]) -> int:
     return 0
 
 
+def _study(argv: list[str]) -> int:
+    from gear_rl.study.cli import main as study
+
+    return study(argv)
+
+
 COMMANDS = {"demo": _demo, "train": _train, "eval": _eval, "report": _report,
-            "compare": _compare, "credit-check": _credit_check}
+            "compare": _compare, "credit-check": _credit_check, "study": _study}
 
 
 def main(argv: list[str] | None = None) -> int:

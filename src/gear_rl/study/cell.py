@@ -1,0 +1,44 @@
+"""The process of one study cell: ``python -m gear_rl.study.cell PARENT_PID train ARGS...``.
+
+It runs ``gear-rl train ARGS...`` (:func:`gear_rl.cli.main`) after asking Linux to kill it when
+its parent, the study runner, dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): a study killed with
+SIGKILL takes its running cells with it, so a rerun finds their run directories unlocked and
+resumes them, instead of racing orphans that keep training into the same folders.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Receive SIGKILL when the parent process ends (Linux; elsewhere nothing is arranged), and
+    exit at once if ``parent`` already ended before the request was made."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``PARENT_PID COMMAND ARGS...``: the ``gear-rl`` command's exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2 or not args[0].isdigit():
+        print("usage: python -m gear_rl.study.cell PARENT_PID COMMAND [ARGS...]",
+              file=sys.stderr)
+        return 2
+    die_with_parent(int(args[0]))
+    from gear_rl.cli import main as gear_rl
+
+    return gear_rl(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [train=false] [progress=false]``."""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+
+USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [train=false]
+                     [progress=false]
+
+Train every cell (task x method x seed) of a study file with identical settings, then write
+study.md, study.json and plots/ into out= (default runs/study/<name>). Rerun the same command
+to continue an interrupted study: finished cells are never rerun, interrupted ones resume from
+their checkpoint. The study files of the project are under studies/; docs/study.md describes
+the file and every number.
+
+  out=DIR       the study folder (cells/, logs, results)
+  jobs=N        cells trained at once, each in its own process (default: one per core,
+                bounded by memory; measured faster than fewer cells with more threads,
+                benchmarks/study_parallel.py)
+  threads=N     torch threads per cell (default: cores / jobs)
+  train=false   only write the results from the cells finished so far
+  progress=false  no progress bar
+"""
+
+_KEYS = ("out", "jobs", "threads", "train", "progress")
+
+
+def _bool(key: str, value: str) -> bool:
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    if value.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
+def _positive(key: str, value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def main(argv: list[str]) -> int:
+    """The ``gear-rl study`` command; returns its exit status (0 done, 1 a cell failed or the
+    study was interrupted, 2 a bad spec or argument)."""
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0 if argv else 2
+    from gear_rl.study.report import analyze_study, write_study
+    from gear_rl.study.runner import run_study
+    from gear_rl.study.spec import load_spec
+
+    try:
+        path, *rest = argv
+        if "=" in path:
+            raise ValueError(f"the first argument is the study file, got {path!r}")
+        options: dict[str, str] = {}
+        for item in rest:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"argument {item!r} is not key=value")
+            if key not in _KEYS:
+                close = difflib.get_close_matches(key, _KEYS, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(_KEYS)}"
+                raise ValueError(f"unknown argument {key!r}; {hint}")
+            options[key] = value
+        spec = load_spec(path)
+        out = Path(options.get("out") or Path("runs") / "study" / spec.name)
+        jobs = _positive("jobs", options["jobs"]) if "jobs" in options else None
+        threads = _positive("threads", options["threads"]) if "threads" in options else None
+        train = _bool("train", options.get("train", "true"))
+        progress = _bool("progress", options.get("progress", "true"))
+        run = None
+        if train:
+            run = run_study(spec, out, jobs=jobs, threads=threads, progress=progress)
+        result = write_study(analyze_study(spec, out))
+    except ValueError as error:
+        print(f"gear-rl study: {error}", file=sys.stderr)
+        return 2
+    print(f"[gear-rl] wrote {result.markdown} and {result.json}", file=sys.stderr)
+    if run is not None and run.interrupted:
+        print("gear-rl study: interrupted; rerun the same command to continue (finished cells "
+              "are kept)", file=sys.stderr)
+        return 1
+    if run is not None and run.failed:
+        names = ", ".join(o.cell.name for o in run.failed)
+        print(f"gear-rl study: {len(run.failed)} cell(s) failed: {names}; their logs are "
+              f"beside their folders under {out}/cells; rerun to retry them", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,488 @@
+"""A study's results: ``study.md``, ``study.json`` and ``plots/`` from its finished cells.
+
+Per task: each method's held-out Mean@k (or pass@k) at the final step over its seeds and the
+held-out problems, with a bootstrap interval; each method against the baseline by the paired
+statistics of :mod:`gear_rl.study.stats` (difference, interval, minimum detectable difference,
+seed-level test, verdict); learning curves with seed bands (held-out score, training reward,
+policy entropy; GEAR's segment fraction and mean weight per advantage sign); and the tokens most
+often above a normalised divergence threshold (the paper's Figure 2 analysis). Only like is
+compared with like: the task's finished cells must agree on every setting of
+:data:`gear_rl.report.compare.COMPARABLE`, and on the held-out problems and their k.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gear_rl.report.compare import band_plot, mismatch_error, mismatched_settings
+from gear_rl.report.data import RunData, TokenCount, load_run, top_divergence_tokens
+from gear_rl.report.plots import save_plot
+from gear_rl.rundir import RunDir, atomic_write_text
+from gear_rl.study.runner import machine_info
+from gear_rl.study.spec import Cell, MethodSpec, StudySpec, TaskSpec
+from gear_rl.study.stats import (
+    Difference,
+    Estimate,
+    bootstrap_mean,
+    minimum_detectable,
+    paired_difference,
+)
+from gear_rl.train.evaluate import read_eval_records
+
+__all__ = ["CellResult", "MethodResult", "StudyResult", "TaskResult", "analyze_study",
+           "problem_scores", "write_study"]
+
+# (metric key in metrics.jsonl, panel title, y label) of the two figures per task
+CURVES = (("reward_mean", "Training reward", "mean reward"),
+          ("entropy_mean", "Policy entropy", "entropy (nats per policy token)"))
+GEAR_CURVES = (("segment_frac", "Tokens in GEAR segments", "fraction of policy tokens"),
+               ("weight_mean_pos", "Mean token weight, A > 0", "mean W"),
+               ("weight_mean_neg", "Mean token weight, A < 0", "mean W"))
+
+
+def problem_scores(records: list[dict[str, Any]], metric: str) -> list[float]:
+    """Per problem, in the records' order: ``mean@k`` the fraction of its k samples that are
+    correct (reward >= 1, as :func:`gear_rl.train.evaluate.evaluate` counts them), ``pass@k``
+    1.0 when any is."""
+    out = []
+    for record in records:
+        hits = [float(r) >= 1.0 for r in record["rewards"]]
+        out.append(sum(hits) / len(hits) if metric == "mean@k" else float(any(hits)))
+    return out
+
+
+@dataclass
+class CellResult:
+    """A finished cell, read.
+
+    Attributes:
+        cell: the cell. ``run``: its run directory, read. ``final_step``: its last step.
+        scores: per held-out problem, its score at the final step (the problems' order).
+        problems: the held-out problem ids. ``k``: samples per problem.
+    """
+
+    cell: Cell
+    run: RunData
+    final_step: int
+    scores: list[float]
+    problems: list[str]
+    k: int
+
+    @property
+    def score(self) -> float:
+        """The cell's held-out score: the mean over problems."""
+        return statistics.fmean(self.scores)
+
+
+@dataclass
+class MethodResult:
+    """One method on one task.
+
+    Attributes:
+        method: its spec. ``cells``: its finished cells, by seed. ``missing``: its cells that
+            did not finish (left out of the statistics).
+        estimate: the mean over seeds and problems with its bootstrap interval (None: no
+            finished cell). ``versus``: against the baseline (None for the baseline itself or
+            when either side has no finished cell).
+    """
+
+    method: MethodSpec
+    cells: list[CellResult]
+    missing: list[Cell]
+    estimate: Estimate | None = None
+    versus: Difference | None = None
+
+    @property
+    def seeds(self) -> list[int]:
+        return [c.cell.seed for c in self.cells]
+
+
+@dataclass
+class TaskResult:
+    """One task's results.
+
+    Attributes:
+        task: its spec. ``methods``: baseline first, then the spec's order.
+        final_step, k, problems: the compared evaluation (None / 0 / [] without a finished
+            cell).
+        top_tokens: the tokens most often above the threshold, over the task's logged samples.
+        top_sources: the methods whose samples carried a divergence.
+        plots: the figures written (paths relative to the study folder).
+    """
+
+    task: TaskSpec
+    methods: list[MethodResult]
+    final_step: int | None
+    k: int
+    problems: list[str]
+    top_tokens: list[TokenCount] = field(default_factory=list)
+    top_sources: list[str] = field(default_factory=list)
+    plots: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StudyResult:
+    """The outcome of :func:`analyze_study` (and :func:`write_study`).
+
+    Attributes:
+        spec: the study. ``out``: its folder. ``tasks``: per task.
+        markdown, json: the written files (None until :func:`write_study`).
+    """
+
+    spec: StudySpec
+    out: Path
+    tasks: list[TaskResult]
+    markdown: Path | None = None
+    json: Path | None = None
+
+
+def _cell_result(spec: StudySpec, cell: Cell, out: Path) -> CellResult:
+    run_dir = cell.run_dir(out)
+    run = load_run(run_dir)
+    steps = run.config.get("steps")
+    if not isinstance(steps, int):
+        raise ValueError(f"study: {run_dir}/config.yaml has no steps")
+    evaluations = read_eval_records(run_dir)
+    if steps not in evaluations:
+        raise ValueError(f"study: cell {cell.name} has no eval records at its final step "
+                         f"{steps} ({run_dir}/eval_records/; cells train with eval.records=true)")
+    data = evaluations[steps]
+    records = data["records"]
+    if not records:
+        raise ValueError(f"study: cell {cell.name}: the eval records of step {steps} are empty")
+    return CellResult(cell, run, steps, problem_scores(records, spec.metric),
+                      [str(r.get("id")) for r in records], int(data["k"]))
+
+
+def _check_same_evaluation(task: TaskSpec, cells: list[CellResult]) -> None:
+    """Refuse cells that were not evaluated alike: the COMPARABLE settings, then the problem
+    ids and k of the records themselves."""
+    mismatch = mismatched_settings([c.run for c in cells])
+    if mismatch:
+        raise ValueError(mismatch_error(
+            mismatch, command="study",
+            remedy=f"the cells of task {task.key!r} must share them (remove the odd cells' "
+                   "folders and run the study again)"))
+    first = cells[0]
+    for other in cells[1:]:
+        if other.problems != first.problems or other.k != first.k:
+            raise ValueError(f"study: cells {first.cell.name} and {other.cell.name} were "
+                             "evaluated on different held-out problems or k; they cannot be "
+                             "compared problem by problem")
+
+
+def _top_tokens(cells: list[CellResult], threshold: float, limit: int
+                ) -> tuple[list[TokenCount], list[str]]:
+    """The tokens most often above ``threshold`` over every logged sample of ``cells``, each
+    run's samples normalised with its own ``credit.normalize`` mode."""
+    by_mode: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    sources = []
+    for result in cells:
+        with_divergence = [s for s in result.run.samples if s.get("divergence") is not None]
+        if with_divergence:
+            by_mode[result.run.normalize_mode] += with_divergence
+            if result.cell.method.label not in sources:
+                sources.append(result.cell.method.label)
+    if len(by_mode) <= 1:
+        mode, samples = next(iter(by_mode.items()), ("minmax", []))
+        return top_divergence_tokens(samples, threshold, mode, limit), sources
+    pooled: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for mode, samples in by_mode.items():
+        for row in top_divergence_tokens(samples, threshold, mode, limit=10**9):
+            entry = pooled[row.token]
+            entry[0] += row.above
+            entry[1] += row.total
+            entry[2] += row.mean_normalized * row.above
+    rows = [TokenCount(token, int(a), int(t), s / a) for token, (a, t, s) in pooled.items()]
+    rows.sort(key=lambda r: (-r.above, -r.above / r.total, r.token))  # as top_divergence_tokens
+    return rows[:limit], sources
+
+
+def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
+    """Read the finished cells of ``spec`` under ``out`` and compute every task's tables.
+
+    Raises:
+        ValueError: a task's finished cells differ in a setting they must share, or in their
+            held-out problems or k; a finished cell without eval records at its final step.
+    """
+    out = Path(out)
+    stats = spec.statistics
+    tasks = []
+    for task in spec.tasks:
+        methods = []
+        for method in sorted(spec.methods, key=lambda m: m.key != spec.baseline):
+            cells = [Cell(task, method, seed) for seed in method.seeds]
+            done = [c for c in cells if RunDir(c.run_dir(out)).finished()]
+            methods.append(MethodResult(method, [_cell_result(spec, c, out) for c in done],
+                                        [c for c in cells if c not in done]))
+        finished = [c for m in methods for c in m.cells]
+        if finished:
+            _check_same_evaluation(task, finished)
+        baseline = methods[0]
+        for index, result in enumerate(methods):
+            if not result.cells:
+                continue
+            table = np.array([c.scores for c in result.cells])
+            result.estimate = bootstrap_mean(table, confidence=stats.confidence,
+                                             replicates=stats.bootstrap,
+                                             seed=stats.bootstrap_seed)
+            if index == 0 or not baseline.cells:
+                continue
+            result.versus = paired_difference(
+                table, np.array([c.scores for c in baseline.cells]),
+                seeds_paired=result.seeds == baseline.seeds, confidence=stats.confidence,
+                power=stats.power, replicates=stats.bootstrap, seed=stats.bootstrap_seed)
+        top, sources = _top_tokens(finished, spec.threshold, spec.top_tokens)
+        tasks.append(TaskResult(task, methods, finished[0].final_step if finished else None,
+                                finished[0].k if finished else 0,
+                                finished[0].problems if finished else [], top, sources))
+    return StudyResult(spec, out, tasks)
+
+
+# ------------------------------------------------------------------------------ writing
+def _metric_key(spec: StudySpec, k: int) -> str:
+    return f"eval/{spec.metric.replace('@k', f'@{k}')}"
+
+
+def _plots(spec: StudySpec, result: TaskResult, out: Path) -> list[str]:
+    if not result.final_step:
+        return []
+    key = _metric_key(spec, result.k)
+    name = key.removeprefix("eval/")
+    written = []
+    methods = [m for m in result.methods if m.cells]
+
+    def curves(method: MethodResult, metric: str) -> list[tuple[list[int], list[float]]]:
+        return [c.run.series(metric) for c in method.cells]
+
+    panels = [(f"Held-out {name}", f"held-out {name}")] + [(t, y) for _, t, y in CURVES]
+    plot = band_plot(f"{result.task.key}-curves",
+                     f"{result.task.label}: held-out {name}, training reward and policy "
+                     "entropy per method (mean over seeds, band: lowest to highest seed)",
+                     panels, [(f"{m.method.label} (n={len(m.cells)})",
+                               [curves(m, key)] + [curves(m, k) for k, _, _ in CURVES])
+                              for m in methods])
+    written.append(save_plot(plot, out / "plots").relative_to(out).as_posix())
+    segmenting = [m for m in methods
+                  if any(c.run.series(k)[0] for c in m.cells for k, _, _ in GEAR_CURVES)]
+    if segmenting:
+        plot = band_plot(f"{result.task.key}-gear",
+                         f"{result.task.label}: GEAR's segment fraction and mean token weight "
+                         "per advantage sign (mean over seeds, band: lowest to highest seed)",
+                         [(t, y) for _, t, y in GEAR_CURVES],
+                         [(f"{m.method.label} (n={len(m.cells)})",
+                           [curves(m, k) for k, _, _ in GEAR_CURVES]) for m in segmenting])
+        written.append(save_plot(plot, out / "plots").relative_to(out).as_posix())
+    return written
+
+
+def _fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.3f}" if signed else f"{value:.3f}"
+
+
+def _interval(low: float, high: float, signed: bool = False) -> str:
+    return f"[{_fmt(low, signed)}, {_fmt(high, signed)}]"
+
+
+def _seed_test(difference: Difference) -> str:
+    test = difference.seed_test
+    if test is None:
+        return "— (fewer than 2 seeds)"
+    if test.t is None:
+        return f"{test.kind}: no seed-to-seed variance, p = {test.p:g}"
+    return f"{test.kind} = {test.t:.2f} (df {test.df:.1f}), p = {test.p:.3f}"
+
+
+def _visible(token: str) -> str:
+    return json.dumps(token)[1:-1].replace("|", "\\|").replace("`", "'") or "(empty)"
+
+
+def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
+    task = result.task
+    settings = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in task.overrides.items())
+    lines = [f"## {task.label}", "", f"Task settings: {settings}."]
+    if result.final_step is None:
+        return [*lines, "", "No cell of this task has finished yet.", ""]
+    name = _metric_key(spec, result.k).removeprefix("eval/")
+    conf = f"{spec.statistics.confidence * 100:g}%"
+    baseline = result.methods[0]
+    lines += ["", f"Held-out {name} at step {result.final_step}: {len(result.problems)} problems"
+              f" x {result.k} samples per cell, every cell on the same problems with the same "
+              "sampling seeds.", "",
+              f"| method | seeds | {name} | {conf} CI | per seed | vs {baseline.method.label} |"
+              f" {conf} CI of the difference | detectable (MDD) | seed-level test | verdict |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for method in result.methods:
+        seeds = ",".join(map(str, method.seeds)) or "—"
+        missing = f" ({len(method.missing)} unfinished)" if method.missing else ""
+        if method.estimate is None:
+            lines.append(f"| {method.method.label} | —{missing} | — | — | — | — | — | — | — | "
+                         "no finished cell |")
+            continue
+        estimate = method.estimate
+        per_seed = ", ".join(f"{c.score:.3f}" for c in method.cells)
+        head = (f"| {method.method.label} | {seeds}{missing} | {estimate.value:.3f} | "
+                f"{_interval(estimate.low, estimate.high)} | {per_seed} |")
+        versus = method.versus
+        if method is baseline:
+            lines.append(f"{head} baseline | — | — | — | — |")
+        elif versus is None:
+            lines.append(f"{head} — | — | — | — | baseline has no finished cell |")
+        else:
+            lines.append(f"{head} {_fmt(versus.difference, True)} | "
+                         f"{_interval(versus.low, versus.high, True)} | {versus.mdd:.3f} | "
+                         f"{_seed_test(versus)} | **{versus.verdict}** |")
+    mdds = [m.versus.mdd for m in result.methods if m.versus is not None]
+    if mdds:
+        lines += ["", f"At this size (seeds x {len(result.problems)} problems x {result.k} "
+                  f"samples) a difference from {baseline.method.label} smaller than about "
+                  f"{statistics.median(mdds):.3f} (the median MDD) cannot be told from noise; a "
+                  "verdict of *within noise* says no more than that."]
+    within = [m.method.label for m in result.methods if m.versus is not None
+              and m.versus.verdict == "within noise"]
+    beyond = [f"{m.method.label} ({m.versus.verdict})" for m in result.methods
+              if m.versus is not None and m.versus.verdict != "within noise"]
+    if within or beyond:
+        parts = []
+        if beyond:
+            parts.append("beyond noise: " + ", ".join(beyond))
+        if within:
+            parts.append("within noise: " + ", ".join(within))
+        lines += ["", f"**Bottom line** (against {baseline.method.label}): "
+                  + "; ".join(parts) + "."]
+    if result.plots:
+        lines += [""] + [f"![{Path(p).stem}]({p})" for p in result.plots]
+    lines += ["", f"Tokens most often above a normalised divergence of {spec.threshold:g} "
+              f"(policy tokens of the logged samples of {', '.join(result.top_sources)})"
+              if result.top_sources else
+              "No logged sample of this task carries a divergence (no top-tokens table)."]
+    if result.top_tokens:
+        lines += ["", "| token | times above | occurrences | share above | mean normalised "
+                  "divergence when above |", "|---|---|---|---|---|"]
+        lines += [f"| `{_visible(r.token)}` | {r.above} | {r.total} | {r.above / r.total:.2f} | "
+                  f"{r.mean_normalized:.2f} |" for r in result.top_tokens]
+    unfinished = [c.name for m in result.methods for c in m.missing]
+    if unfinished:
+        lines += ["", f"Unfinished cells (left out): {', '.join(unfinished)}."]
+    return [*lines, ""]
+
+
+DEFINITIONS = """## How to read the numbers
+
+- **{name}** of a cell: over the held-out problems, the fraction of each problem's k samples
+  that are correct (Mean@k) or whether any is (pass@k), at the final training step. A method's
+  value is the mean over its seeds (equivalently over seeds and problems).
+- **CI**: the {conf} percentile interval of {replicates} bootstrap replicates that draw the
+  problems and the seeds with replacement.
+- **Difference** from the baseline and its CI: the same bootstrap, *paired*: each replicate
+  draws one set of problems for both methods (every cell was evaluated on the same problems
+  with the same sampling seeds), and one set of seeds for both when both ran the same seeds
+  (seed s of each method shares its data order and sampling seeds); otherwise each method's
+  seeds are drawn on their own.
+- **Verdict**: *better beyond noise* when the CI of the difference lies above 0, *worse beyond
+  noise* when below, *within noise* when it contains 0.
+- **MDD** (minimum detectable difference): (z(1 - alpha/2) + z(power)) x the bootstrap standard
+  error of the difference, with alpha = {alpha:g} and power = {power:g} ({factor:.2f} x SE): the
+  true difference this design would call beyond noise {power_pct} of the time.
+- **Seed-level test**: the per-seed values alone, a paired t-test over seeds when both methods
+  ran the same seeds, else Welch's t-test; it ignores the problem-level pairing and is shown
+  beside the verdict, not instead of it. With few seeds the bootstrap's seed draws understate
+  seed-to-seed variation, so read a verdict that the seed-level test does not support with care.
+"""
+
+
+def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any]) -> str:
+    spec = result.spec
+    stats = spec.statistics
+    lines = [f"# Study: {spec.name}", ""]
+    if spec.description:
+        lines += [spec.description.strip(), ""]
+    command = f"gear-rl study {spec.path or 'SPEC.yaml'} out={result.out}"
+    lines += [f"Reproduce: `{command}` (finished cells are reused; delete `cells/` to train "
+              "again).", "",
+              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, AMX "
+              f"{'yes' if machine.get('amx_bf16') else 'no'}, torch {machine.get('torch')}. "
+              f"Cell wall time: {timing['cells_finished']} cells finished, "
+              f"{timing['total_hours']:.2f} h in all, median {timing['median_minutes']:.1f} min "
+              f"per cell (on this machine, shared with other work: timings are indicative).", "",
+              f"Baseline: {spec.method(spec.baseline).label}. Metric: held-out {spec.metric}.", ""]
+    for task in result.tasks:
+        lines += _task_markdown(spec, task)
+    factor = minimum_detectable(1.0, confidence=stats.confidence, power=stats.power)
+    lines.append(DEFINITIONS.format(
+        name=spec.metric, conf=f"{stats.confidence * 100:g}%", replicates=stats.bootstrap,
+        alpha=1 - stats.confidence, power=stats.power, factor=factor,
+        power_pct=f"{stats.power * 100:g}%"))
+    return "\n".join(lines)
+
+
+def _estimate_json(value: Estimate | None) -> dict[str, float] | None:
+    return None if value is None else {"value": value.value, "low": value.low,
+                                       "high": value.high, "se": value.se}
+
+
+def _versus_json(value: Difference | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    test = value.seed_test
+    return {"difference": value.difference, "low": value.low, "high": value.high,
+            "se": value.se, "mdd": value.mdd, "seeds_paired": value.seeds_paired,
+            "verdict": value.verdict, "confidence": value.confidence, "power": value.power,
+            "seed_test": None if test is None else vars(test)}
+
+
+def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any]
+             ) -> dict[str, Any]:
+    spec = result.spec
+    return {
+        "name": spec.name, "spec": None if spec.path is None else str(spec.path),
+        "metric": spec.metric, "baseline": spec.baseline,
+        "statistics": vars(spec.statistics), "threshold": spec.threshold,
+        "tasks": [{
+            "key": t.task.key, "label": t.task.label, "overrides": t.task.overrides,
+            "final_step": t.final_step, "k": t.k, "problems": len(t.problems),
+            "methods": [{
+                "key": m.method.key, "label": m.method.label, "estimator": m.method.estimator,
+                "overrides": m.method.overrides, "seeds": m.seeds,
+                "per_seed": [c.score for c in m.cells],
+                "cells": [Path(c.run.path).relative_to(result.out).as_posix()
+                          for c in m.cells],
+                "unfinished": [c.name for c in m.missing],
+                "estimate": _estimate_json(m.estimate), "versus": _versus_json(m.versus)}
+                for m in t.methods],
+            "top_tokens": [vars(r) for r in t.top_tokens], "top_token_sources": t.top_sources,
+            "plots": t.plots} for t in result.tasks],
+        "timing": {**timing, "machine": machine},
+    }
+
+
+def _timing(out: Path) -> dict[str, Any]:
+    path = out / "timings.json"
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    done = [e["seconds"] for e in data.values() if e.get("finished")]
+    return {"cells_finished": len(done), "total_hours": sum(done) / 3600,
+            "median_minutes": statistics.median(done) / 60 if done else 0.0, "cells": data}
+
+
+def write_study(result: StudyResult) -> StudyResult:
+    """Write ``study.md``, ``study.json`` and the figures under ``plots/`` into the study
+    folder; returns ``result`` with the paths set."""
+    out = result.out
+    for task in result.tasks:
+        task.plots = _plots(result.spec, task, out)
+    machine, timing = machine_info(), _timing(out)
+    result.markdown = out / "study.md"
+    atomic_write_text(result.markdown, _markdown(result, machine, timing))
+    result.json = out / "study.json"
+    atomic_write_text(result.json, json.dumps(_as_json(result, machine, timing), indent=2,
+                                              default=str) + "\n")
+    return result

@@ -1,0 +1,397 @@
+"""``gear-rl study``: train every cell of a study, resumably and in parallel processes, then
+write its tables and figures (:mod:`gear_rl.study.report`).
+
+The study folder ``OUT``::
+
+    OUT/
+      spec.yaml                     the study file, as last run
+      timings.json                  wall seconds per cell (every attempt added up)
+      cells/<task>/<method>-s<seed>/       the cell's gear-rl train run directory
+      cells/<task>/<method>-s<seed>.yaml   the config it was started with
+      cells/<task>/<method>-s<seed>.log    its output (appended on every attempt)
+      study.md, study.json, plots/  the results (gear_rl.study.report)
+
+Each cell runs in its own process (``python -m gear_rl.study.cell``), so a crash stays in its
+cell; a killed study takes its running cells with it. Rerunning the same command continues:
+finished cells (``summary.json``) are never rerun, interrupted cells resume from their latest
+checkpoint (``resume=``), cells interrupted before their first checkpoint start again, and a
+cell folder holding a run of another config stops the study before anything trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import yaml
+
+from gear_rl.report.compare import run_state
+from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
+from gear_rl.study.spec import Cell, StudySpec
+from gear_rl.train.config import TrainConfig, config_to_dict
+
+__all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
+           "machine_info", "plan_cells", "run_study"]
+
+# Measured by benchmarks/study_parallel.py on the project's 2-core Xeon (AMX), shared with other
+# sessions (load average 8-12; docs/study.md): a pair of SmolLM2-135M cells (2 steps) took 544 s
+# and 326 s as two one-thread processes side by side, 542 s and 354 s one after another with two
+# threads: the side-by-side way 1.03x faster (medians), never slower. Hence one single-thread
+# cell per core by default (and a crash or a slow cell holds up one core, not the study).
+DEFAULT_JOBS_PER_CORE = 1
+# Peak resident memory of one SmolLM2-135M cell in that benchmark was 5.0 GB: a bound on how
+# many cells run at once.
+CELL_MEMORY_GB = 6.0
+
+# Settings a resumed cell may change (what gear_rl.train.runtime.resume_config allows), left
+# out when a cell folder's saved config is checked against the spec's.
+_RESUMABLE = ("threads", "device", "log", "resume", "out")
+
+
+def machine_info() -> dict[str, Any]:
+    """The CPU model, core count, AMX / AVX-512 flags, memory and torch version."""
+    import torch
+
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(),
+                            "cores": len(os.sched_getaffinity(0))
+                            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                            "torch": torch.__version__, "python": platform.python_version()}
+    flags: set[str] = set()
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        model = next((line for line in lines if line.startswith("model name")), None)
+        if model is not None:
+            info["cpu"] = model.split(":", 1)[1].strip()
+        flag_line = next((line for line in lines if line.startswith("flags")), "flags:")
+        flags = set(flag_line.split(":", 1)[1].split())
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gb"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    info["amx_bf16"] = "amx_bf16" in flags
+    info["avx512_bf16"] = "avx512_bf16" in flags
+    info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return info
+
+
+def default_parallelism(cores: int | None = None, memory_gb: float | None = None
+                        ) -> tuple[int, int]:
+    """``(jobs, threads)``: one single-thread cell per core (:data:`DEFAULT_JOBS_PER_CORE`),
+    no more cells than memory holds (:data:`CELL_MEMORY_GB` each)."""
+    info = machine_info() if cores is None or memory_gb is None else {}
+    cores = cores if cores is not None else int(info.get("cores") or 1)
+    memory = memory_gb if memory_gb is not None else float(info.get("memory_gb") or 0.0)
+    jobs = max(1, cores * DEFAULT_JOBS_PER_CORE)
+    if memory > 0:
+        jobs = max(1, min(jobs, int(memory // CELL_MEMORY_GB)))
+    return jobs, max(1, cores // jobs)
+
+
+@dataclass
+class Planned:
+    """A cell and what its folder holds now (:func:`gear_rl.report.compare.run_state`)."""
+
+    cell: Cell
+    config: TrainConfig
+    run_dir: Path
+    state: str
+
+
+@dataclass
+class CellOutcome:
+    """How one cell's process ended in this invocation.
+
+    Attributes:
+        cell: the cell. ``seconds``: its wall time in this attempt.
+        returncode: the process's exit status. ``finished``: its run wrote ``summary.json``.
+        log: its log file (the tail is shown when it failed).
+    """
+
+    cell: Cell
+    seconds: float
+    returncode: int
+    finished: bool
+    log: Path
+
+
+@dataclass
+class StudyRun:
+    """The outcome of :func:`run_study`.
+
+    Attributes:
+        out: the study folder. ``planned``: every cell and its state before this invocation.
+        outcomes: the cells trained in this invocation. ``failed``: those that did not finish.
+        seconds: this invocation's wall time. ``interrupted``: stopped by Ctrl-C.
+    """
+
+    out: Path
+    planned: list[Planned]
+    outcomes: list[CellOutcome] = field(default_factory=list)
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> list[CellOutcome]:
+        return [o for o in self.outcomes if not o.finished]
+
+
+def _config_file(cell: Cell, out: Path) -> Path:
+    return cell.run_dir(out).with_suffix(".yaml")
+
+
+def _log_file(cell: Cell, out: Path) -> Path:
+    return cell.run_dir(out).with_suffix(".log")
+
+
+def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:
+    """Every cell with its config and the state of its folder (``new``, ``finished``,
+    ``interrupted``, ``no_checkpoint``), checked before anything trains.
+
+    Raises:
+        ValueError: a cell folder holds a run whose config differs from the spec's (in
+            anything but the settings a resume may change: threads, device, log.*).
+    """
+    out = Path(out)
+    planned = []
+    for cell in spec.cells():
+        config = spec.cell_config(cell, out)
+        config.log.progress = False  # the study shows the progress; a bar in a log is noise
+        wanted = config_to_dict(config)
+        try:
+            state = run_state(cell.run_dir(out), wanted, ignore=_RESUMABLE)
+        except ValueError as error:
+            raise ValueError(f"study: cell {cell.name}: {error}: the study file changed since "
+                             "this cell ran; restore it, or choose another out=") from None
+        planned.append(Planned(cell, config, cell.run_dir(out), state))
+    return planned
+
+
+class _Timings:
+    """``OUT/timings.json``: per cell, wall seconds over every attempt and whether it
+    finished."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "timings.json"
+        self.data: dict[str, dict[str, Any]] = {}
+        if self.path.is_file():
+            try:
+                self.data = json.loads(self.path.read_text(encoding="utf-8"))
+            except ValueError:
+                self.data = {}  # a timing file is a convenience; start it again
+
+    def add(self, cell: Cell, seconds: float, finished: bool) -> None:
+        entry = self.data.setdefault(cell.name, {"seconds": 0.0, "finished": False})
+        entry["seconds"] = round(float(entry["seconds"]) + seconds, 3)
+        entry["finished"] = finished
+        atomic_write_text(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+
+    def estimate(self, cell: Cell) -> float | None:
+        """Expected wall seconds of ``cell``: the mean over finished cells of its task, else
+        over every finished cell; None when none finished yet."""
+        done = {name: e["seconds"] for name, e in self.data.items() if e.get("finished")}
+        same = [s for name, s in done.items() if name.split("/", 1)[0] == cell.task.key]
+        pool = same or list(done.values())
+        return statistics.fmean(pool) if pool else None
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _last_step(run_dir: Path) -> int:
+    records = read_jsonl(run_dir / "metrics.jsonl", drop_partial_last=True) \
+        if (run_dir / "metrics.jsonl").is_file() else []
+    return max((r["step"] for r in records if isinstance(r.get("step"), int)), default=0)
+
+
+@dataclass
+class _Running:
+    planned: Planned
+    process: subprocess.Popen
+    started: float
+    log: IO[str]
+
+
+def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
+              threads: int | None = None, progress: bool = True,
+              python: str = sys.executable,
+              on_cell: Callable[[CellOutcome], None] | None = None) -> StudyRun:
+    """Train every unfinished cell of ``spec`` under ``out`` (see the module docstring).
+
+    Args:
+        spec: the study. ``out``: the study folder.
+        jobs: cells trained at once, each in its own process (None: :func:`default_parallelism`).
+        threads: torch threads per cell (None: the cores shared among the jobs).
+        progress: show a progress bar (cells done / total, the running cells' steps, ETA) and
+            a line per finished cell on stderr.
+        python: the interpreter of the cell processes.
+        on_cell: called with each cell's outcome as it ends.
+
+    Raises:
+        ValueError: a bad ``jobs``/``threads``, a study folder in use by another study, or a
+            cell folder holding a run of another config (checked before anything trains).
+    """
+    if jobs is None or threads is None:
+        default_jobs, default_threads = default_parallelism()
+        jobs = default_jobs if jobs is None else jobs
+        threads = default_threads if threads is None else threads
+    if jobs < 1 or threads < 1:
+        raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
+                         f"threads={threads}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = RunDir(out)
+    try:
+        folder.lock()
+    except ValueError:
+        raise ValueError(f"study: {out} is in use by another gear-rl study; wait for it or "
+                         "choose another out=") from None
+    started = time.perf_counter()
+    try:
+        planned = plan_cells(spec, out)
+        if spec.path is not None:
+            atomic_write_text(out / "spec.yaml", spec.path.read_text(encoding="utf-8"))
+        result = StudyRun(out=out, planned=planned)
+        todo = []
+        for item in planned:
+            if item.state == "finished":
+                continue
+            if item.state == "no_checkpoint":  # nothing to resume from: start it again
+                shutil.rmtree(item.run_dir)
+            todo.append(item)
+        _train(todo, len(planned), out, jobs=jobs, threads=threads, progress=progress,
+               python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
+               on_cell=on_cell)
+    finally:
+        folder.unlock()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
+    head = [python, "-m", "gear_rl.study.cell", str(os.getpid()), "train"]
+    if RunDir(item.run_dir).is_run():  # interrupted after a checkpoint: resume it
+        return [*head, f"resume={item.run_dir}", f"threads={threads}"]
+    path = _config_file(item.cell, out)
+    data = config_to_dict(item.config)
+    data["threads"] = threads
+    atomic_write_text(path, yaml.safe_dump(data, sort_keys=False))
+    return [*head, str(path)]
+
+
+def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: int,
+           progress: bool, python: str, keep_checkpoints: bool, result: StudyRun,
+           on_cell: Callable[[CellOutcome], None] | None) -> None:
+    timings = _Timings(out)
+    queue = list(todo)
+    running: list[_Running] = []
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONUNBUFFERED": "1"}
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=total - len(todo), desc="study", unit="cell",
+                   dynamic_ncols=True, file=sys.stderr,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} cells |{bar}| {elapsed}{postfix}")
+
+    def say(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+
+    def finish(job: _Running) -> None:
+        job.log.close()
+        seconds = time.perf_counter() - job.started
+        cell, run_dir = job.planned.cell, job.planned.run_dir
+        finished = job.process.returncode == 0 and RunDir(run_dir).finished()
+        timings.add(cell, seconds, finished)
+        outcome = CellOutcome(cell, seconds, int(job.process.returncode), finished,
+                              _log_file(cell, out))
+        result.outcomes.append(outcome)
+        if finished:
+            if not keep_checkpoints:
+                shutil.rmtree(RunDir(run_dir).checkpoints, ignore_errors=True)
+            summary = RunDir(run_dir).read_summary()
+            scores = ", ".join(f"{key.removeprefix('eval_end_')} {value:.3f}"
+                               for key, value in summary.items()
+                               if key.startswith("eval_end_mean@"))
+            say(f"[study] {cell.name} finished in {_duration(seconds)}"
+                + (f": held-out {scores}" if scores else ""))
+            if bar is not None:
+                bar.update(1)
+        elif result.interrupted:
+            say(f"[study] {cell.name} interrupted after {_duration(seconds)} (it resumes from "
+                "its latest checkpoint on the next run)")
+        else:
+            tail = outcome.log.read_text(encoding="utf-8", errors="replace").splitlines()[-12:]
+            say(f"[study] {cell.name} FAILED (exit {outcome.returncode}) after "
+                f"{_duration(seconds)}; log {outcome.log}:\n  " + "\n  ".join(tail))
+        if on_cell is not None:
+            on_cell(outcome)
+
+    def postfix() -> str:
+        now = time.perf_counter()
+        remaining = 0.0
+        known = True
+        for item in queue:
+            estimate = timings.estimate(item.cell)
+            known &= estimate is not None
+            remaining += estimate or 0.0
+        for job in running:
+            estimate = timings.estimate(job.planned.cell)
+            known &= estimate is not None
+            remaining += max((estimate or 0.0) - (now - job.started), 0.0)
+        steps = ", ".join(f"{job.planned.cell.name} step {_last_step(job.planned.run_dir)}/"
+                          f"{job.planned.config.steps}" for job in running)
+        eta = (f"ETA {_duration(remaining / max(1, min(jobs, len(queue) + len(running))))}"
+               if known else "ETA after the first cell")
+        return f"{eta} | {steps}" if steps else eta
+
+    # a terminal redraws the bar in place; a log file gets a line per refresh
+    refresh_every = 1.0 if sys.stderr.isatty() else 60.0
+    refreshed = 0.0
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                item = queue.pop(0)
+                command = _command(item, out, python, threads)
+                log = _log_file(item.cell, out).open("a", encoding="utf-8")
+                log.write(f"\n[study] {time.strftime('%Y-%m-%d %H:%M:%S')} $ "
+                          f"{' '.join(command)}\n")
+                log.flush()
+                process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=env)
+                running.append(_Running(item, process, time.perf_counter(), log))
+            for job in [j for j in running if j.process.poll() is not None]:
+                running.remove(job)
+                finish(job)
+            now = time.perf_counter()
+            if bar is not None and now - refreshed >= refresh_every:
+                bar.set_postfix_str(postfix(), refresh=True)
+                refreshed = now
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        result.interrupted = True
+        for job in running:  # Ctrl-C reached them too; let them stop cleanly, then make sure
+            try:
+                job.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                job.process.kill()
+                job.process.wait()
+            finish(job)
+    finally:
+        if bar is not None:
+            bar.close()

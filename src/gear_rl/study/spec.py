@@ -1,0 +1,385 @@
+"""The study file: tasks, methods, seeds, the shared budget, the baseline and the metric of a
+pre-registered comparison (``gear-rl study SPEC.yaml``; docs/study.md describes every key).
+
+Every cell (task x method x seed) is one ``gear-rl train`` run whose config is, in order: the
+trainer's defaults, the study's ``budget``, the task's ``overrides``, the method's
+``overrides``, then the method's estimator, the seed and ``eval.records=true``. Each is built
+and checked by :func:`gear_rl.train.config.load_config`, so an unknown key or a bad value is
+the trainer's own error (with its nearest-key suggestion), prefixed by where in the study it
+came from. A method may not change what the cells of a task must share (the settings of
+:data:`gear_rl.report.compare.COMPARABLE` and every ``eval.*`` key): those belong in the budget
+or the task.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gear_rl.report.compare import COMPARABLE
+from gear_rl.train.config import TrainConfig, load_config
+
+__all__ = ["METRICS", "Cell", "MethodSpec", "StatsSpec", "StudySpec", "TaskSpec", "load_spec",
+           "parse_spec"]
+
+METRICS = ("mean@k", "pass@k")
+"""What a study compares: held-out Mean@k (fraction of a problem's k samples that are correct)
+or pass@k (whether any is), with ``k = eval.k``."""
+
+# Set per cell by the study, or a knob of the runner: never in a spec's overrides.
+_RESERVED = {"estimator": "set by each method (methods.NAME.estimator)",
+             "seed": "set per cell from the seeds lists",
+             "out": "the study puts every cell under its out= folder",
+             "resume": "the study resumes interrupted cells itself",
+             "threads": "a knob of the runner: gear-rl study SPEC threads=N",
+             "eval.records": "always on in a study (the paired statistics read the records)"}
+_TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks", "methods",
+        "statistics", "analysis", "keep_checkpoints")
+_TASK_KEYS = ("label", "overrides")
+_METHOD_KEYS = ("estimator", "label", "overrides", "seeds")
+_STATS_KEYS = ("confidence", "power", "bootstrap", "bootstrap_seed")
+_ANALYSIS_KEYS = ("threshold", "top_tokens")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a study.
+
+    Attributes:
+        key: its name in the spec (the folder of its cells).
+        label: the name shown in the tables.
+        overrides: train settings of this task's cells (dotted keys; ``task`` defaults to
+            ``key``).
+    """
+
+    key: str
+    label: str
+    overrides: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One method: an estimator with its own settings.
+
+    Attributes:
+        key: its name in the spec (the folder name of its cells, ``KEY-s<seed>``).
+        estimator: the registered estimator it trains with.
+        label: the name shown in the tables.
+        overrides: its own train settings (dotted keys: ``credit.*``, ``loss.*``, ...).
+        seeds: the training seeds it runs.
+    """
+
+    key: str
+    estimator: str
+    label: str
+    overrides: dict[str, Any]
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StatsSpec:
+    """The statistics.
+
+    Attributes:
+        confidence: the bootstrap interval's level; ``1 - confidence`` is the alpha of the
+            seed-level test and of the minimum detectable difference.
+        power: the power behind the minimum detectable difference.
+        bootstrap: bootstrap replicates.
+        bootstrap_seed: the seed of the bootstrap draws (a study's tables are reproducible).
+    """
+
+    confidence: float = 0.95
+    power: float = 0.8
+    bootstrap: int = 10_000
+    bootstrap_seed: int = 0
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One training run of a study.
+
+    Attributes:
+        task, method, seed: what it trains.
+    """
+
+    task: TaskSpec
+    method: MethodSpec
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """``task/method-s<seed>``: the cell's path under ``OUT/cells``."""
+        return f"{self.task.key}/{self.method.key}-s{self.seed}"
+
+    def run_dir(self, out: str | Path) -> Path:
+        """The cell's run directory, ``OUT/cells/<task>/<method>-s<seed>``."""
+        return Path(out) / "cells" / self.task.key / f"{self.method.key}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A parsed, checked study file.
+
+    Attributes:
+        name: the study's name (default: the file's stem).
+        description: free text for the report.
+        metric: one of :data:`METRICS`.
+        baseline: the key of the method every other is compared with.
+        budget: train settings shared by every cell (dotted keys).
+        tasks, methods: in the file's order.
+        statistics: see :class:`StatsSpec`.
+        threshold: normalised divergence above which a token counts in the top-tokens table.
+        top_tokens: rows of that table per task.
+        keep_checkpoints: keep a finished cell's checkpoints (default False: removed once the
+            cell has finished, to save disk; an interrupted cell keeps its own to resume).
+        path: the file it was read from (None: parsed from a mapping).
+    """
+
+    name: str
+    metric: str
+    baseline: str
+    budget: dict[str, Any]
+    tasks: tuple[TaskSpec, ...]
+    methods: tuple[MethodSpec, ...]
+    description: str = ""
+    statistics: StatsSpec = field(default_factory=StatsSpec)
+    threshold: float = 0.1
+    top_tokens: int = 20
+    keep_checkpoints: bool = False
+    path: Path | None = None
+
+    def method(self, key: str) -> MethodSpec:
+        """The method named ``key``."""
+        for method in self.methods:
+            if method.key == key:
+                return method
+        raise KeyError(key)
+
+    def cells(self) -> list[Cell]:
+        """Every cell, in the order the runner trains them: seed round by seed round (the
+        i-th seed of every method of every task before any method's (i+1)-th), so an
+        interrupted study has every method's first seeds first."""
+        rounds = max(len(m.seeds) for m in self.methods)
+        return [Cell(task, method, method.seeds[i]) for i in range(rounds)
+                for task in self.tasks for method in self.methods if i < len(method.seeds)]
+
+    def cell_config(self, cell: Cell, out: str | Path) -> TrainConfig:
+        """The cell's train config (validated by ``load_config``), with ``out`` set to its run
+        directory."""
+        settings = {**self.budget, **cell.task.overrides, **cell.method.overrides,
+                    "estimator": cell.method.estimator, "seed": cell.seed,
+                    "eval.records": True, "out": str(cell.run_dir(out))}
+        try:
+            return load_config(None, [f"{key}={json.dumps(value)}"
+                                      for key, value in settings.items()])
+        except ValueError as error:
+            raise ValueError(f"{self._where()}task {cell.task.key!r}, method "
+                             f"{cell.method.key!r}: {error}") from None
+
+    def _where(self) -> str:
+        return f"study spec {self.path}: " if self.path is not None else "study spec: "
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Read and check the study file at ``path`` (see :func:`parse_spec`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"study spec {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ValueError(f"study spec {str(path)!r} is not valid YAML{line}: "
+                         f"{getattr(error, 'problem', None) or error}") from None
+    return parse_spec(data, path=path)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c.d": 2}`` -> ``{"a.b": 1, "c.d": 2}``."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _covers(key: str, setting: str) -> bool:
+    """Whether dotted ``key`` sets ``setting`` or part of it (or a section holding it)."""
+    return key == setting or key.startswith(setting + ".") or setting.startswith(key + ".")
+
+
+class _Checker:
+    def __init__(self, path: Path | None) -> None:
+        self.where = f"study spec {path}: " if path is not None else "study spec: "
+
+    def fail(self, message: str) -> ValueError:
+        return ValueError(self.where + message)
+
+    def mapping(self, value: Any, name: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.fail(f"{name} must be a mapping, got {type(value).__name__}")
+        return {str(k): v for k, v in value.items()}
+
+    def keys(self, data: Mapping[str, Any], allowed: tuple[str, ...], name: str) -> None:
+        for key in data:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(allowed)}"
+                raise self.fail(f"unknown key {name}{key!r}; {hint}")
+
+    def overrides(self, value: Any, name: str) -> dict[str, Any]:
+        flat = _flatten(self.mapping(value, name))
+        for key in flat:
+            for reserved, why in _RESERVED.items():
+                if _covers(key, reserved):
+                    raise self.fail(f"{name}: {key!r} cannot be set in a study ({why})")
+        return flat
+
+    def seeds(self, value: Any, name: str) -> tuple[int, ...]:
+        if isinstance(value, bool) or not isinstance(value, list) or not value or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in value):
+            raise self.fail(f"{name} must be a non-empty list of integers, got {value!r}")
+        if len(set(value)) != len(value):
+            raise self.fail(f"{name} lists a seed twice: {value}")
+        return tuple(value)
+
+    def number(self, data: Mapping[str, Any], key: str, default: Any, name: str, *,
+               kind: type, low: float, high: float | None = None,
+               open_low: bool = False) -> Any:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                kind is int and not isinstance(value, int)):
+            raise self.fail(f"{name}{key} must be a{'n integer' if kind is int else ' number'}, "
+                            f"got {value!r}")
+        bad = value <= low if open_low else value < low
+        if bad or (high is not None and value >= high):
+            span = (f"({low}, {high})" if high is not None else
+                    f"{'>' if open_low else '>='} {low}")
+            raise self.fail(f"{name}{key} must be {'in ' if high is not None else ''}{span}, "
+                            f"got {value!r}")
+        return kind(value)
+
+    def name(self, key: str, what: str) -> str:
+        if not _NAME.fullmatch(key):
+            raise self.fail(f"{what} name {key!r} must be letters, digits and _ . + - (it names "
+                            "a folder)")
+        return key
+
+
+def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
+    """Check a study given as a mapping (a parsed YAML file) and build its :class:`StudySpec`.
+
+    Every cell's config is built once here, so an unknown key, an unknown estimator or a bad
+    value anywhere fails before any training, naming the task and method.
+
+    Raises:
+        ValueError: an unknown or misspelt key (with the nearest valid one), a missing section,
+            a bad seeds list, an unknown metric or baseline, a reserved key in an override, a
+            method override of a setting the task's cells must share, or a cell config the
+            trainer rejects.
+    """
+    where = Path(path) if path is not None else None
+    check = _Checker(where)
+    top = check.mapping(data, "the file")
+    check.keys(top, _TOP, "")
+    for section in ("tasks", "methods"):
+        if not top.get(section):
+            raise check.fail(f"{section} is missing or empty")
+    metric = top.get("metric", "mean@k")
+    if metric not in METRICS:
+        raise check.fail(f"metric must be one of {METRICS}, got {metric!r}")
+    default_seeds = check.seeds(top["seeds"], "seeds") if "seeds" in top else None
+    budget = check.overrides(top.get("budget"), "budget")
+    tasks = []
+    for key, entry in check.mapping(top["tasks"], "tasks").items():
+        entry = check.mapping(entry, f"tasks.{key}")
+        check.keys(entry, _TASK_KEYS, f"tasks.{key}.")
+        overrides = check.overrides(entry.get("overrides"), f"tasks.{key}.overrides")
+        overrides.setdefault("task", budget.get("task", key))
+        tasks.append(TaskSpec(check.name(key, "task"), str(entry.get("label", key)), overrides))
+    methods = []
+    for key, entry in check.mapping(top["methods"], "methods").items():
+        entry = check.mapping(entry, f"methods.{key}")
+        check.keys(entry, _METHOD_KEYS, f"methods.{key}.")
+        overrides = check.overrides(entry.get("overrides"), f"methods.{key}.overrides")
+        for setting in (*COMPARABLE, "eval"):
+            for override in overrides:
+                if _covers(override, setting):
+                    raise check.fail(
+                        f"methods.{key}.overrides: {override!r} changes a setting every cell of "
+                        "a task must share (task, model, budget, evaluation); set it in the "
+                        "budget or the task")
+        if "seeds" in entry:
+            seeds = check.seeds(entry["seeds"], f"methods.{key}.seeds")
+        elif default_seeds is not None:
+            seeds = default_seeds
+        else:
+            raise check.fail(f"methods.{key} has no seeds and the study has no default seeds "
+                             "list")
+        estimator = entry.get("estimator", key)
+        if not isinstance(estimator, str):
+            raise check.fail(f"methods.{key}.estimator must be a name, got {estimator!r}")
+        methods.append(MethodSpec(check.name(key, "method"), estimator,
+                                  str(entry.get("label", key)), overrides, seeds))
+    baseline = top.get("baseline", "grpo" if any(m.key == "grpo" for m in methods)
+                       else methods[0].key)
+    if baseline not in {m.key for m in methods}:
+        raise check.fail(f"baseline {baseline!r} is not one of the methods "
+                         f"{[m.key for m in methods]}")
+    statistics = check.mapping(top.get("statistics"), "statistics")
+    check.keys(statistics, _STATS_KEYS, "statistics.")
+    stats = StatsSpec(
+        confidence=check.number(statistics, "confidence", 0.95, "statistics.", kind=float,
+                                low=0.0, high=1.0, open_low=True),
+        power=check.number(statistics, "power", 0.8, "statistics.", kind=float, low=0.0,
+                           high=1.0, open_low=True),
+        bootstrap=check.number(statistics, "bootstrap", 10_000, "statistics.", kind=int,
+                               low=100),
+        bootstrap_seed=check.number(statistics, "bootstrap_seed", 0, "statistics.", kind=int,
+                                    low=0))
+    analysis = check.mapping(top.get("analysis"), "analysis")
+    check.keys(analysis, _ANALYSIS_KEYS, "analysis.")
+    keep = top.get("keep_checkpoints", False)
+    if not isinstance(keep, bool):
+        raise check.fail(f"keep_checkpoints must be true or false, got {keep!r}")
+    spec = StudySpec(
+        name=str(top.get("name") or (where.stem if where is not None else "study")),
+        description=str(top.get("description") or ""), metric=metric, baseline=baseline,
+        budget=budget, tasks=tuple(tasks), methods=tuple(methods), statistics=stats,
+        threshold=check.number(analysis, "threshold", 0.1, "analysis.", kind=float,
+                               low=0.0),
+        top_tokens=check.number(analysis, "top_tokens", 20, "analysis.", kind=int, low=1),
+        keep_checkpoints=keep, path=where)
+    _check_cells(spec)
+    return spec
+
+
+def _check_cells(spec: StudySpec) -> None:
+    """Build the config of every (task, method) once: the trainer's own checks of every key
+    and value (an unknown estimator included), and each task with two problems (an unknown
+    task or bad task options), before any training."""
+    from gear_rl.tasks import load_task
+
+    for task in spec.tasks:
+        configs = [spec.cell_config(Cell(task, method, method.seeds[0]), ".")
+                   for method in spec.methods]
+        config = configs[0]
+        try:
+            load_task(config.task, options=config.task_options, train_size=2, eval_size=2,
+                      seed=0, instruction=config.instruction, eval_path=config.eval_data)
+        except ValueError as error:
+            raise ValueError(f"{spec._where()}task {task.key!r}: {error}") from None
