@@ -122,7 +122,10 @@ adds per-problem results.
 """
 
 
-def _split_train_args(argv: list[str]) -> tuple[str | None, list[str]]:
+def _split_train_args(argv: list[str], first: str = "a config file"
+                      ) -> tuple[str | None, list[str]]:
+    """``[FIRST] key=value ...``: the optional positional first argument (``first`` names it
+    in the error) and the overrides."""
     config_path: str | None = None
     overrides: list[str] = []
     for arg in argv:
@@ -130,7 +133,7 @@ def _split_train_args(argv: list[str]) -> tuple[str | None, list[str]]:
             config_path = arg
         elif "=" not in arg:
             raise ValueError(f"argument {arg!r} is not key=value (only the first argument may be "
-                             "a config file)")
+                             f"{first})")
         else:
             overrides.append(arg)
     return config_path, overrides
@@ -398,16 +401,7 @@ def _credit_check(argv: list[str]) -> int:
         )
         from gear_rl.train.config import TrainConfig, config_from_dict, parse_overrides
 
-        target: str | None = None
-        items: list[str] = []
-        for position, arg in enumerate(argv):
-            if "=" not in arg and position == 0:
-                target = arg
-            elif "=" not in arg:
-                raise ValueError(f"argument {arg!r} is not key=value (only the first argument "
-                                 "may be a run directory)")
-            else:
-                items.append(arg)
+        target, items = _split_train_args(argv, first="a run directory")
         parsed = parse_overrides(items)
         fields = {f.name for f in _dc.fields(CreditCheckConfig)}
         check_values = {k: v for k, v in parsed.items()
