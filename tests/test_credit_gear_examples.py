@@ -185,3 +185,23 @@ def test_dtypes_devices_and_empty_inputs() -> None:
                            torch.zeros(2, 0)).shape == (2, 0)
     noncontig = torch.rand(8, 4).t()
     assert gear_segments(noncontig, noncontig, torch.ones(4, 8)).shape == (4, 8)
+
+
+@pytest.mark.parametrize(("position", "field", "value", "match"), [
+    (3000, "divergence", float("nan"), "divergence contains NaN or inf"),
+    (1500, "entropy", float("-inf"), "entropy contains NaN or inf"),
+    (2999, "mask", 2.0, "mask must contain only 0 and 1"),
+])
+def test_bad_value_on_a_long_row_names_it_and_its_row(position: int, field: str, value: float,
+                                                      match: str) -> None:
+    """Checked at every position (past the last policy token too) before anything is written;
+    the first bad token of the row decides what the message names."""
+    div, ent, mask = torch.rand(3, 3200), torch.rand(3, 3200), torch.ones(3, 3200)
+    mask[:, 2000:] = 0
+    {"divergence": div, "entropy": ent, "mask": mask}[field][2, position] = value
+    for segmentation in ("kl_entropy", "entropy_window"):
+        with pytest.raises(ValueError, match=f"{match} \\(row 2"):
+            gear_advantages(torch.ones(3), div, ent, mask, GEARConfig(segmentation=segmentation))
+    ent[2, position - 1] = float("nan")  # an earlier bad token decides
+    with pytest.raises(ValueError, match="entropy contains NaN or inf \\(row 2"):
+        gear_segments(div, ent, mask)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -114,3 +115,76 @@ def test_sign_aware_direction(batch: tuple[torch.Tensor, ...], segmentation: str
     assert (-neg[is_onset] > 1).all()
     # with alpha = 1 the two weights are mirror images around 1
     assert torch.allclose((pos - neg)[mask == 1], torch.full_like(pos[mask == 1], 2.0))
+
+
+def spiky_rows(rows: int, length: int, spikes: float, bursts: float, seed: int,
+               dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, ...]:
+    """Long rows with a chosen segment density: divergence spikes open segments, entropy bursts
+    close them (as in benchmarks/credit_speed.py), with right padding, an observation span, a
+    few negative divergences (k1) and entropies, and exact zeros of both signs."""
+    generator = torch.Generator().manual_seed(seed)
+    kind = torch.rand(rows, length, generator=generator)
+    spike = kind < spikes
+    burst = (kind >= spikes) & (kind < spikes + bursts)
+    uniform = torch.rand(rows, length, generator=generator)
+    div = torch.where(spike, 1.0 + 2.0 * uniform, 0.2 * uniform - 0.02)
+    uniform = torch.rand(rows, length, generator=generator)
+    ent = torch.where(burst, 2.0 + 0.5 * uniform, 0.8 + 0.4 * uniform)
+    zeros = torch.rand(rows, length, generator=generator) < 0.01
+    div[zeros], ent[zeros] = 0.0, 0.0
+    div[:, 1::97], ent[:, 2::89] = -0.0, -0.0
+    ent[:, 5::211] = -0.3
+    mask = torch.ones(rows, length)
+    for row in range(rows):
+        end = length - 37 * row
+        mask[row, end:] = 0  # right padding
+        mask[row, end // 3: end // 3 + 50] = 0  # observation span inside a segment
+    adv = torch.tensor([(-1.0) ** row * (row % 3) for row in range(rows)])
+    return adv.to(dtype), div.to(dtype), ent.to(dtype), mask
+
+
+LONG_CASES = [  # (spike rate, burst rate): sparse, dense (most tokens inside), flicker
+    (0.004, 0.1), (0.3, 0.08), (0.5, 0.5)]
+
+
+@pytest.mark.parametrize("segmentation", SEGMENTATION_MODES)
+@pytest.mark.parametrize(("spikes", "bursts"), LONG_CASES)
+def test_long_rows_equal_reference(segmentation: str, spikes: float, bursts: float) -> None:
+    """Rows longer than the kernel's block (1024) and with several policy runs, at sparse and
+    dense segment densities: onsets identical to the reference, advantages within 1e-5."""
+    adv, div, ent, mask = spiky_rows(4, 2600, spikes, bursts, seed=int(spikes * 1000))
+    for normalize in NORMALIZE_MODES:
+        for window, mean_preserving in ((8, False), (3, True)):
+            config = GEARConfig(segmentation=segmentation, normalize=normalize, window=window,
+                                mean_preserving=mean_preserving)
+            assert gear_segments(div, ent, mask, config).tolist() == reference_onsets(
+                div, ent, mask, config)
+            out = gear_advantages(adv, div, ent, mask, config)
+            ref = gear_advantages_reference(adv, div, ent, mask, config)
+            assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5, 8, 9, 12, 16, 17])
+def test_entropy_window_any_window_size(window: int) -> None:
+    """The full-window means are summed eight offsets at a time: window sizes around and past
+    eight, powers of two or not, give the reference's onsets."""
+    _, div, ent, mask = spiky_rows(3, 1500, 0.3, 0.3, seed=window)
+    for lambda_h in (0.9, 1.2, 1.5):
+        config = GEARConfig(segmentation="entropy_window", window=window, lambda_h=lambda_h)
+        assert gear_segments(div, ent, mask, config).tolist() == reference_onsets(
+            div, ent, mask, config)
+
+
+@pytest.mark.parametrize("lambda_h", [-0.5, 0.0, 1.5])
+@pytest.mark.parametrize("segmentation", ["kl_entropy", "entropy_only", "entropy_window"])
+def test_float64_and_odd_thresholds_equal_reference(lambda_h: float, segmentation: str) -> None:
+    """float64 inputs (the kernel's integer order keys then come from 64-bit floats), and
+    thresholds at or below zero, where -0.0 and 0.0 entropies must compare equal."""
+    adv, div, ent, mask = spiky_rows(3, 1300, 0.3, 0.08, seed=7, dtype=torch.float64)
+    config = GEARConfig(segmentation=segmentation, lambda_h=lambda_h)
+    assert gear_segments(div, ent, mask, config).tolist() == reference_onsets(div, ent, mask,
+                                                                                config)
+    out = gear_advantages(adv, div, ent, mask, config)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, gear_advantages_reference(adv, div, ent, mask, config),
+                          rtol=1e-12, atol=1e-12)
