@@ -23,8 +23,8 @@ tokens). The tool calls run in the sandbox's worker processes: their time is in 
 times, not in the CPU seconds (which count this process only); ``agent/tool_call_rate`` and
 the tokens per response are printed for each step, since the two estimators sample the same
 episodes only while the weights stay frozen. Memory: the two SmolLM2 trainers share one process;
-on tool-math (longer sequences) it peaked at 9.3 GB resident (one run of ``--steps 1``), and a
-run beside other jobs on a 24 GB machine was killed for memory at 10.4 GB.
+on tool-math (longer sequences) it peaked at 9.3 GB resident (``--steps 1``, tool-math alone);
+leave that much free.
 
 Run:  python benchmarks/step_overhead.py [--steps 3] [--generate-repeats 2]
       [--tasks products,tool-math] [key=value ...]
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import statistics
@@ -273,6 +274,9 @@ def main() -> int:
                   "wall_s": time.perf_counter() - started}
         _report(name, steps, rollout)
         print(json.dumps(result), flush=True)
+        # Free this task's trainer (policy, sampler, optimiser) before the next task builds two.
+        del trainer
+        gc.collect()
     return 0
 
 

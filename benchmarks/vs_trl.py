@@ -401,7 +401,8 @@ def run_config(name: str, *, steps: int, threads: int, micro_batch: int,
         else:
             import yaml
 
-            out["loss_config"] = yaml.safe_load((run_dir / "config.yaml").read_text())["loss"]
+            saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+            out.update(loss_config=saved["loss"], threads=saved["threads"])
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()
             records = [json.loads(line) for line in lines if line.strip()]
             out["records"] = [r for r in records if "time/step" in r]
