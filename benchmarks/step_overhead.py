@@ -23,8 +23,8 @@ tokens). The tool calls run in the sandbox's worker processes: their time is in 
 times, not in the CPU seconds (which count this process only); ``agent/tool_call_rate`` and
 the tokens per response are printed for each step, since the two estimators sample the same
 episodes only while the weights stay frozen. Memory: the two SmolLM2 trainers share one process;
-on tool-math (longer sequences) it peaked at 9.3 GB resident (``--steps 1``, tool-math alone);
-leave that much free.
+on tool-math (longer sequences) it peaked at 9.3 GB resident with ``--steps 1`` and 10.2 GB
+with ``--steps 3`` (tool-math alone); leave that much free.
 
 Run:  python benchmarks/step_overhead.py [--steps 3] [--generate-repeats 2]
       [--tasks products,tool-math] [key=value ...]
