@@ -1,27 +1,47 @@
 """Speed of the credit core on a verl-sized batch, against baselines measured in the same run.
 
     python benchmarks/credit_speed.py [--rows 1024] [--length 8192] [--repeats 7]
+                                      [--trace RUN_DIR_OR_SAMPLES_JSONL] [--passes-only]
 
-Batch: ``rows`` trajectories of up to ``length`` response tokens, lengths varied (right
-padding), each with an observation span (mask 0) in the middle, groups of 8. Timed (median of
-``repeats`` runs after one warm-up):
+Batches are ``rows`` trajectories of up to ``length`` response tokens, lengths varied (right
+padding), each with a 64-token observation span (mask 0) a third of the way in, groups of 8.
+
+Main table, on the ``dense`` batch (median of ``repeats`` runs after one warm-up):
 
 - ``elementwise``: one elementwise pass over the ``[B, T]`` tensor (``advantages * mask``), the
-  unit the issue's goal is stated in;
+  unit the goals are stated in;
 - ``verl_grpo``: verl's ``compute_grpo_outcome_advantage`` on the same batch (if verl imports);
 - ``grpo``: ``grpo_advantages`` broadcast over the mask (``get_estimator("grpo")``);
 - ``gear``: ``grpo_advantages`` + ``gear_advantages`` (the full GEAR estimator), for each
-  segmentation mode.
+  segmentation mode. Goal (issue 2): GEAR <= 1.5x verl's GRPO on the same batch.
 
-Goal (issue 2): GEAR <= 1.5x verl's GRPO on the same batch.
+Passes table (issue 15, "Credit kernel on dense spikes"): ``gear_advantages`` alone, in
+elementwise passes: per repeat, its time over one ``advantages * mask`` on the same tensor
+measured right before it; the median over repeats. Every segmentation mode, at these densities:
 
-Then a density table (issue 15, "Credit kernel on dense spikes"): ``gear_advantages`` alone in
-elementwise passes (its time / one ``advantages * mask`` over the same tensor, measured right
-before it) for ``kl_entropy`` and ``entropy_window`` at three spike densities: ``sparse``
-(divergence ``rand**8``, the batch above), ``dense`` (``rand**4``) and ``real`` (the per-token
-divergence, entropy and mask of ``--trace``, default ``/tmp/defaultrun/samples.jsonl``, laid
-end to end and tiled to ``rows x length``; said absent when the file is missing). Goal: every
-density <= 2 passes for ``kl_entropy``, <= 3 for ``entropy_window``.
+- ``sparse``: divergence spikes (``d ~ U(1, 3)``, else ``U(0, 0.2)``) at 0.4% of tokens, entropy
+  bursts (``H ~ U(2, 2.5)``, else ``U(0.8, 1.2)``) at 10%: a spike opens a segment, the next
+  burst ends it (a baseline token never does: ``1.2 < 1.5 * 0.8``). Few, short segments.
+- ``dense``: spikes at 30% of tokens, bursts at 8%: most policy tokens inside segments, tens of
+  onsets per 1k tokens, as in real runs (the default run keeps 70-90% inside segments).
+- ``flicker``: spikes and bursts at 50% each: a segment boundary every few tokens, the worst
+  case for a scan that branches on its state.
+- ``real``: the per-token divergence, entropy and mask of a run's ``samples.jsonl``, each
+  sample's divergence min-max normalised over its own policy tokens (so that laying samples end
+  to end keeps the spike structure each sample had in training: the kernel then normalises the
+  tiled row to the same values) and followed by one policy token of very high entropy (which
+  ends any open segment, as the sample's end did), laid end to end and tiled to
+  ``rows x length``. ``--trace``
+  takes the file or its run directory; by default the newest ``runs/*/samples.jsonl``. Make one
+  with ``gear-rl train steps=2 log.samples_per_step=32 out=runs/trace`` (the default run).
+
+(The earlier ``rand**8`` / ``rand**4`` divergences with uniform entropy did not differ: with
+``H ~ U(0, 2.5)`` a segment whose onset has ``H > 1.67`` never closes, so both gave about 0.6
+onsets per 1k tokens with nearly every token inside a segment.)
+
+For each density the table reports, per mode, onsets per 1k policy tokens and the share of
+policy tokens inside segments, so that a reader can see the densities differ. Goals: <= 2
+passes for ``kl_entropy`` at every density, <= 3 for ``entropy_window`` (``!`` marks a miss).
 """
 
 from __future__ import annotations
@@ -46,42 +66,98 @@ from gear_rl.credit import (
     grpo_advantages,
 )
 
+MODES = ("kl_entropy", "entropy_window", "none", "kl_only", "entropy_only")
+GOALS = {"kl_entropy": 2.0, "entropy_window": 3.0}
+# (spike rate, burst rate) of the synthetic densities
+DENSITIES = {"sparse": (0.004, 0.10), "dense": (0.30, 0.08), "flicker": (0.50, 0.50)}
 
-def make_batch(rows: int, length: int, seed: int = 0, power: float = 8.0) -> CreditBatch:
-    generator = torch.Generator().manual_seed(seed)
+
+def _mask(rows: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """``[rows, length]`` right-padded lengths in ``[length / 4, length]``, with a 64-token
+    observation span (mask 0) a third of the way into each row."""
     lengths = torch.randint(length // 4, length + 1, (rows,), generator=generator)
     positions = torch.arange(length)
     mask = (positions[None, :] < lengths[:, None]).float()
     starts = lengths // 3
     obs = (positions[None, :] >= starts[:, None]) & (positions[None, :] < starts[:, None] + 64)
     mask[obs] = 0.0
-    # sparse spikes over a low floor, like real reverse-KL traces
-    divergence = torch.rand(rows, length, generator=generator) ** power * 3.0
-    entropy = torch.rand(rows, length, generator=generator) * 2.5
+    return mask
+
+
+def make_batch(rows: int, length: int, spikes: float, bursts: float,
+               seed: int = 0) -> CreditBatch:
+    """A synthetic batch whose segment density is set by the rate of divergence ``spikes``
+    (tokens that open a segment) and of entropy ``bursts`` (tokens that close one); a token is
+    at most one of the two."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = _mask(rows, length, generator)
+    kind = torch.rand(rows, length, generator=generator)
+    spike = kind < spikes
+    burst = (kind >= spikes) & (kind < spikes + bursts)
+    uniform = torch.rand(rows, length, generator=generator)
+    divergence = torch.where(spike, 1.0 + 2.0 * uniform, 0.2 * uniform)
+    uniform = torch.rand(rows, length, generator=generator)
+    entropy = torch.where(burst, 2.0 + 0.5 * uniform, 0.8 + 0.4 * uniform)
     rewards = torch.randint(0, 2, (rows,), generator=generator).float()
     return CreditBatch(rewards=rewards, group_ids=[i // 8 for i in range(rows)], mask=mask,
                        divergence=divergence, entropy=entropy)
 
 
-def trace_batch(path: Path, rows: int, length: int) -> CreditBatch | None:
-    """The per-token divergence, entropy and mask of every sample in ``path`` (JSON lines), laid
-    end to end and tiled to ``[rows, length]``; None when the file is absent or holds none."""
-    if not path.exists():
-        return None
-    div: list[float] = []
-    ent: list[float] = []
-    msk: list[float] = []
+def find_trace(path: Path | None) -> Path | None:
+    """``path`` (a samples.jsonl or a run directory holding one), or the newest
+    ``runs/*/samples.jsonl`` under the working directory; None when there is none."""
+    if path is not None:
+        return path / "samples.jsonl" if path.is_dir() else path
+    found = sorted(Path("runs").glob("*/samples.jsonl"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def read_samples(path: Path) -> list[dict[str, list[float]]]:
+    """The samples of a ``samples.jsonl`` that carry per-token divergence, entropy and mask."""
+    samples = []
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
-        sample = json.loads(line)
-        if not {"divergence", "entropy", "mask"} <= sample.keys():
-            continue
-        div.extend(float(x) for x in sample["divergence"])
-        ent.extend(float(x) for x in sample["entropy"])
-        msk.extend(float(x) for x in sample["mask"])
-    if not div:
-        return None
+        record = json.loads(line)
+        if all(isinstance(record.get(key), list) for key in ("divergence", "entropy", "mask")):
+            samples.append({key: [float(v) for v in record[key]]
+                            for key in ("divergence", "entropy", "mask")})
+    return samples
+
+
+def as_logged(samples: list[dict[str, list[float]]]) -> CreditBatch:
+    """The samples as one right-padded batch, as the trainer scored them."""
+    length = max(len(s["mask"]) for s in samples)
+
+    def pad(key: str) -> torch.Tensor:
+        return torch.tensor([s[key] + [0.0] * (length - len(s[key])) for s in samples],
+                            dtype=torch.float32)
+
+    return CreditBatch(rewards=torch.zeros(len(samples)), group_ids=list(range(len(samples))),
+                       mask=pad("mask"), divergence=pad("divergence"), entropy=pad("entropy"))
+
+
+BOUNDARY_ENTROPY = 1e4  # above lambda_h times any real entropy: ends every open segment
+
+
+def trace_batch(samples: list[dict[str, list[float]]], rows: int, length: int) -> CreditBatch:
+    """The samples' tokens end to end, tiled to ``[rows, length]``. Each sample's divergence is
+    min-max normalised over its own policy tokens first (0 where its range is < 1e-8), and each
+    sample is followed by one policy token of divergence 0 and entropy ``BOUNDARY_ENTROPY``,
+    which ends any segment still open, as the end of the sample did in training."""
+    div: list[float] = []
+    ent: list[float] = []
+    msk: list[float] = []
+    for sample in samples:
+        policy = [d for d, m in zip(sample["divergence"], sample["mask"], strict=True) if m]
+        low, high = (min(policy), max(policy)) if policy else (0.0, 0.0)
+        span = high - low
+        div.extend((d - low) / span if span >= 1e-8 else 0.0 for d in sample["divergence"])
+        ent.extend(sample["entropy"])
+        msk.extend(sample["mask"])
+        div.append(0.0)
+        ent.append(BOUNDARY_ENTROPY)
+        msk.append(1.0)
     reps = -(-rows * length // len(div))
 
     def tile(values: list[float]) -> torch.Tensor:
@@ -92,6 +168,19 @@ def trace_batch(path: Path, rows: int, length: int) -> CreditBatch | None:
     rewards = torch.randint(0, 2, (rows,), generator=generator).float()
     return CreditBatch(rewards=rewards, group_ids=[i // 8 for i in range(rows)], mask=tile(msk),
                        divergence=tile(div), entropy=tile(ent))
+
+
+def segment_stats(batch: CreditBatch, mode: str) -> tuple[float, float]:
+    """Onsets per 1k policy tokens and the share of policy tokens inside segments."""
+    assert batch.divergence is not None and batch.entropy is not None
+    onsets = gear_segments(batch.divergence, batch.entropy, batch.mask,
+                           GEARConfig(segmentation=mode))
+    policy = batch.mask > 0
+    positions = torch.arange(onsets.shape[1])[None, :]
+    count = max(1, int(policy.sum()))
+    starts = int(((onsets == positions) & policy).sum())
+    inside = int(((onsets >= 0) & policy).sum())
+    return 1e3 * starts / count, inside / count
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -110,9 +199,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1024)
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--trace", type=Path, default=Path("/tmp/defaultrun/samples.jsonl"))
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="samples.jsonl of a run, or its run directory (default: the newest "
+                             "runs/*/samples.jsonl)")
     parser.add_argument("--passes-only", action="store_true",
-                        help="print only the density table (issue 15)")
+                        help="print only the passes table (issue 15)")
     args = parser.parse_args()
     if not args.passes_only:
         main_table(args)
@@ -120,47 +211,76 @@ def main() -> None:
 
 
 def passes_table(args: argparse.Namespace) -> None:
-    """``gear_advantages`` in elementwise passes at three spike densities (issue 15)."""
+    """``gear_advantages`` in elementwise passes at each density, every mode (issue 15)."""
     batches: dict[str, CreditBatch | None] = {
-        "sparse (rand**8)": make_batch(args.rows, args.length, power=8.0),
-        "dense (rand**4)": make_batch(args.rows, args.length, power=4.0),
-        "real trace": trace_batch(args.trace, args.rows, args.length),
-    }
-    modes = ("kl_entropy", "entropy_window")
-    goals = {"kl_entropy": 2.0, "entropy_window": 3.0}
-    print(f"gear_advantages on {args.rows} x {args.length}, in elementwise passes "
-          f"(goal: kl_entropy <= 2, entropy_window <= 3); numba threads "
-          f"{numba.get_num_threads()}")
-    print(f"{'density':<20}{'onsets/1k tok':>14}{'elementwise ms':>16}"
-          + "".join(f"{m + ' ms':>20}{'passes':>8}" for m in modes))
+        name: make_batch(args.rows, args.length, spikes, bursts)
+        for name, (spikes, bursts) in DENSITIES.items()}
+    trace = find_trace(args.trace)
+    samples = read_samples(trace) if trace is not None and trace.exists() else []
+    batches["real"] = trace_batch(samples, args.rows, args.length) if samples else None
+    if samples:
+        logged = as_logged(samples)
+        starts, inside = segment_stats(logged, "kl_entropy")
+        print(f"real trace: {trace} ({len(samples)} samples, {int(logged.mask.sum())} policy "
+              f"tokens; as trained, kl_entropy: {starts:.0f} onsets/1k tokens, {inside:.0%} of "
+              f"policy tokens inside segments)")
+    else:
+        where = trace if trace is not None else "no runs/*/samples.jsonl"
+        print(f"real trace: absent ({where}); make one with `gear-rl train steps=2 "
+              f"log.samples_per_step=32 out=runs/trace`")
+
+    print("\nsegments per density (onsets per 1k policy tokens / share of policy tokens inside "
+          "segments):")
+    print(f"{'density':<10}" + "".join(f"{mode:>20}" for mode in MODES if mode != "none"))
     for name, batch in batches.items():
         if batch is None:
-            print(f"{name:<20} absent ({args.trace} not found or holds no per-token traces)")
             continue
-        advantages = grpo_advantages(batch.rewards, batch.group_ids)
+        cells = []
+        for mode in MODES:
+            if mode != "none":
+                starts, inside = segment_stats(batch, mode)
+                cells.append(f"{starts:>11.1f} / {inside:>4.0%}")
+        print(f"{name:<10}" + "".join(f"{cell:>20}" for cell in cells))
+
+    print(f"\ngear_advantages on {args.rows} x {args.length} in elementwise passes (median over "
+          f"{args.repeats} repeats of time / elementwise measured right before; goals: "
+          f"kl_entropy <= 2, entropy_window <= 3); numba threads {numba.get_num_threads()}, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"{'density':<10}{'elementwise ms':>16}" + "".join(f"{mode:>16}" for mode in MODES))
+    for name, batch in batches.items():
+        if batch is None:
+            continue
         assert batch.divergence is not None and batch.entropy is not None
-        onsets = gear_segments(batch.divergence, batch.entropy, batch.mask, GEARConfig())
-        positions = torch.arange(args.length)[None, :]
-        starts = int(((onsets == positions) & (batch.mask > 0)).sum())
-        density = 1e3 * starts / max(1, int(batch.mask.sum()))
-        base = median_seconds(lambda b=batch, a=advantages: a[:, None] * b.mask, args.repeats)
-        row = f"{name:<20}{density:>14.1f}{base * 1e3:>16.1f}"
-        for mode in modes:
-            config = GEARConfig(segmentation=mode)
-            seconds = median_seconds(
-                lambda b=batch, a=advantages, c=config: gear_advantages(
-                    a, b.divergence, b.entropy, b.mask, c), args.repeats)
-            flag = "" if seconds / base <= goals[mode] else "!"
-            row += f"{seconds * 1e3:>20.1f}{seconds / base:>7.2f}{flag or ' '}"
+        advantages = grpo_advantages(batch.rewards, batch.group_ids)
+        configs = {mode: GEARConfig(segmentation=mode) for mode in MODES}
+        for config in configs.values():  # warm-up (and compilation)
+            gear_advantages(advantages, batch.divergence, batch.entropy, batch.mask, config)
+        base_ms: list[float] = []
+        ratios: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for _ in range(args.repeats):
+            for mode, config in configs.items():
+                start = time.perf_counter()
+                _ = advantages[:, None] * batch.mask
+                base = time.perf_counter() - start
+                start = time.perf_counter()
+                gear_advantages(advantages, batch.divergence, batch.entropy, batch.mask, config)
+                ratios[mode].append((time.perf_counter() - start) / base)
+                base_ms.append(base * 1e3)
+        row = f"{name:<10}{statistics.median(base_ms):>16.1f}"
+        for mode in MODES:
+            passes = statistics.median(ratios[mode])
+            flag = "!" if passes > GOALS.get(mode, float("inf")) else " "
+            row += f"{passes:>15.2f}{flag}"
         print(row)
 
 
 def main_table(args: argparse.Namespace) -> None:
-
-    batch = make_batch(args.rows, args.length)
+    spikes, bursts = DENSITIES["dense"]
+    batch = make_batch(args.rows, args.length, spikes, bursts)
     policy = int(batch.mask.sum())
-    print(f"batch: {args.rows} x {args.length} ({policy / batch.mask.numel():.0%} policy tokens), "
-          f"torch threads {torch.get_num_threads()}, numba threads {numba.get_num_threads()}")
+    print(f"dense batch: {args.rows} x {args.length} ({policy / batch.mask.numel():.0%} policy "
+          f"tokens), torch threads {torch.get_num_threads()}, numba threads "
+          f"{numba.get_num_threads()}")
     advantages = grpo_advantages(batch.rewards, batch.group_ids)
     timings: dict[str, float] = {}
     timings["elementwise"] = median_seconds(lambda: advantages[:, None] * batch.mask,
@@ -196,7 +316,7 @@ def main_table(args: argparse.Namespace) -> None:
     if verl:
         ratio = timings["gear[kl_entropy]"] / verl
         verdict = "met" if ratio <= 1.5 else "NOT met"
-        print(f"GEAR / verl GRPO = {ratio:.2f} (goal <= 1.5): {verdict}")
+        print(f"GEAR / verl GRPO = {ratio:.2f} (goal <= 1.5): {verdict}\n")
 
 
 if __name__ == "__main__":

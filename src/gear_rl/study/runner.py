@@ -394,4 +394,5 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
             finish(job)
     finally:
         if bar is not None:
+            bar.set_postfix_str("interrupted" if result.interrupted else "done", refresh=True)
             bar.close()
