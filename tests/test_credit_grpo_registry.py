@@ -134,7 +134,7 @@ def test_every_estimator_runs_through_the_registry(name: str) -> None:
 
 def test_declarations_say_what_each_estimator_is() -> None:
     gear_family = {"gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
-                   "gear_entropy_window", "gear_steps"}
+                   "gear_entropy_window", "gear_signed", "gear_steps"}
     assert {n for n, e in ESTIMATORS.items() if e.segments} == gear_family
     assert {n for n, e in ESTIMATORS.items() if e.needs_teacher} == (
         gear_family | {"rlsd", "opsd"})

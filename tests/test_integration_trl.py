@@ -18,6 +18,7 @@ from trl import GRPOTrainer  # noqa: E402
 from gear_rl.credit import (  # noqa: E402
     CreditBatch,
     gear_advantages,
+    gear_signed_advantages,
     get_estimator,
     rlsd_advantages,
     top_entropy_advantages,
@@ -47,7 +48,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 NUM_GENERATIONS = 4
 QUESTIONS = [("2+3?", "5"), ("7*6?", "42")]
 BUILTIN = ["grpo", "dr_grpo", "gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
-           "gear_entropy_window", "top_entropy", "rlsd"]
+           "gear_entropy_window", "gear_signed", "top_entropy", "rlsd"]
 # Per estimator: credit fields and TRL settings a tiny model needs to exercise it.
 SETTINGS: dict[str, dict] = {
     "dr_grpo": {"scale_rewards": "none"},
@@ -244,6 +245,10 @@ def _expected(trainer: CreditGRPOTrainer, inputs: list[dict], output: dict) -> t
     with torch.no_grad():
         sig = token_signals(trainer.model, students, teachers, output["completion_ids"].tolist(),
                             temperature=1.0, response_mask=mask)
+    if estimator.name == "gear_signed":
+        return gear_signed_advantages(a, sig.divergence, sig.entropy,
+                                      sig.teacher_logprobs - sig.student_logprobs,
+                                      mask, config)
     if estimator.segments:
         return gear_advantages(a, sig.divergence, sig.entropy, mask, config)
     if estimator.name == "top_entropy":

@@ -143,7 +143,7 @@ def test_gear_through_compute_advantage_equals_credit_core() -> None:
 
 
 @pytest.mark.parametrize("name", ["gear_token_kl", "gear_kl_only", "gear_entropy_only",
-                                  "gear_entropy_window", "top_entropy", "rlsd"])
+                                  "gear_entropy_window", "gear_signed", "top_entropy", "rlsd"])
 def test_every_signal_estimator_runs_through_compute_advantage(name: str) -> None:
     data, scores, uids, mask, student, teacher, entropy = _batch(5)
     signals = signals_from_logprobs(mask, entropy=entropy, student_logprobs=student,

@@ -17,6 +17,7 @@ from gear_rl.credit.gear import (
     gear_advantages,
     gear_advantages_reference,
     gear_segments,
+    gear_signed_advantages,
     gear_weights,
 )
 from gear_rl.credit.grpo import grpo_advantages, outcome_advantages
@@ -67,6 +68,7 @@ __all__ = [
     "gear_advantages",
     "gear_advantages_reference",
     "gear_segments",
+    "gear_signed_advantages",
     "gear_steps_advantages",
     "gear_weights",
     "get_estimator",

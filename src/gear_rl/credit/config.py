@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 NORMALIZE_MODES = ("minmax", "max", "none")
 SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
+SCORE_MODES = ("divergence", "log_ratio")
 TOP_ENTROPY_SELECTIONS = ("batch", "micro_batch")
 
 
@@ -60,6 +61,14 @@ class GEARConfig(OutcomeConfig):
             makes high divergence always down-weight (``w = 1 - u`` for every sign).
         mean_preserving: divide ``W`` by its mean over the trajectory's policy tokens, so the
             trajectory keeps GRPO's total advantage mass (beyond the paper; off by default).
+        score: what a token's score ``u_t`` (step 5) is read from. ``divergence`` (GEAR): the
+            normalised divergence ``n``. ``log_ratio`` (beyond the paper; estimator
+            ``gear_signed``, issue 16): the segments are found as usual, but the score is the
+            sampled token's teacher log-ratio ``r_t = log pi_T(y_t) - log pi_S(y_t)`` (RLSD's
+            signed evidence), the onset's inside a segment and the token's own elsewhere, as
+            ``u_t = sigmoid(-r_t)``; so step 6 raises the weight of tokens the teacher endorses
+            on correct answers and of tokens it rejects on wrong ones. Needs the sampled
+            tokens' log-probs.
     """
 
     lambda_kl: float = 0.1
@@ -71,6 +80,7 @@ class GEARConfig(OutcomeConfig):
     window: int = 8
     sign_aware: bool = True
     mean_preserving: bool = False
+    score: str = "divergence"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -86,6 +96,8 @@ class GEARConfig(OutcomeConfig):
             )
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if self.score not in SCORE_MODES:
+            raise ValueError(f"score must be one of {SCORE_MODES}, got {self.score!r}")
 
     @property
     def resolved_beta(self) -> float:

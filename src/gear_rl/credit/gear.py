@@ -14,12 +14,20 @@ The paper's text lost its equations; this follows the project's resolved reading
 7. Rescale: ``W_t = alpha * w_t + beta`` (``beta = 1 - alpha/2`` unless set);
    ``Ahat_t = W_t * A_i * mask_t``.
 
+``gear_signed`` (``score=log_ratio``, beyond the paper, issue 16) keeps steps 1-4, 6 and 7 and
+replaces step 5's score by the sampled token's signed teacher log-ratio
+``r_t = log pi_T(y_t) - log pi_S(y_t)`` (the evidence RLSD, arXiv 2604.03128, weights by):
+``u_t = sigmoid(-r_s)`` inside a segment with onset ``s``, ``sigmoid(-r_t)`` elsewhere. The full
+reverse KL is a distance and cannot tell a token that moved toward the teacher from one that
+moved away; the log-ratio can, and the segments decide how far one token's evidence reaches.
+
 :func:`gear_advantages_reference` spells those steps out in plain torch/Python; the public
 functions run the fused numba kernel of :mod:`gear_rl.credit.segments`, held to it by tests.
 """
 
 from __future__ import annotations
 
+import math
 from typing import cast
 
 import numpy as np
@@ -128,7 +136,15 @@ def gear_advantages(
         ValueError: naming the argument, for wrong shapes or dtypes, NaN/inf, or mask values
         other than 0/1.
     """
+    _divergence_score(config)
     return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_ADVANTAGES)
+
+
+def _divergence_score(config: GEARConfig) -> None:
+    if isinstance(config, GEARConfig) and config.score != "divergence":
+        raise ValueError(f"config.score={config.score!r} scores tokens by the sampled token's "
+                         "log-ratio, which this function does not take: use "
+                         "gear_signed_advantages (estimator gear_signed)")
 
 
 def gear_segments(
@@ -163,33 +179,97 @@ def gear_weights(
     ``mask == 0``; ``gear_advantages == gear_weights * advantages[:, None]``. For metrics and
     the token-credit viewer.
     """
+    _divergence_score(config)
     return _run_kernel(divergence, entropy, mask, advantages, config, OUTPUT_WEIGHTS)
 
 
+def gear_signed_advantages(
+    advantages: torch.Tensor,
+    divergence: torch.Tensor,
+    entropy: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    config: GEARConfig = GEARConfig(score="log_ratio"),  # noqa: B008 - frozen dataclass
+) -> torch.Tensor:
+    """GEAR's segments carrying a signed score (``config.score == "log_ratio"``; module
+    docstring): ``u_t = sigmoid(-r)`` of the onset's log-ratio inside a segment, the token's own
+    elsewhere, then steps 6-7 (and ``mean_preserving``) as in :func:`gear_advantages`.
+
+    Args:
+        advantages: ``[B]`` trajectory advantages ``A_i``.
+        divergence, entropy, mask: ``[B, T]`` as in :func:`gear_advantages` (they place the
+            segments).
+        log_ratio: ``[B, T]`` ``log pi_T(y_t) - log pi_S(y_t)`` of the sampled tokens (nats;
+            read on policy tokens only).
+        config: the GEAR knobs; ``score`` is not read (this function is the ``log_ratio``
+            score).
+
+    Returns:
+        ``[B, T]`` ``W_t * A_i * mask_t`` in float32 (float64 if any input is float64), on
+        ``mask``'s device; exactly 0 where ``mask == 0``.
+    """
+    check_tokens("log_ratio", log_ratio, tuple(mask.shape), finite=False)
+    onsets = gear_segments(divergence, entropy, mask, config)  # checks the other inputs
+    check_vector("advantages", advantages)
+    check_batch_size("advantages", advantages, mask.shape[0])
+    on = mask.to(torch.bool)
+    if not bool(torch.isfinite(log_ratio[on]).all()):
+        row = int((~torch.isfinite(log_ratio) & on).any(-1).nonzero()[0])
+        raise ValueError(f"log_ratio contains NaN or inf on a policy token (row {row})")
+    wide = torch.float64 in (divergence.dtype, entropy.dtype, log_ratio.dtype, advantages.dtype)
+    dtype = torch.float64 if wide else torch.float32
+    ratio = torch.where(on, log_ratio.to(mask.device, torch.float64), 0.0)
+    carried = torch.where(onsets >= 0, ratio.gather(1, onsets.clamp(min=0)), ratio)  # step 5
+    u = torch.sigmoid(-carried)
+    a = advantages.to(mask.device, torch.float64)[:, None]
+    if config.sign_aware:                                                               # step 6
+        w = torch.where(a > 0, 1.0 - u, torch.where(a < 0, u, torch.full_like(u, 0.5)))
+    else:
+        w = 1.0 - u
+    weights = torch.where(on, config.alpha * w + config.resolved_beta, 0.0)           # step 7
+    if config.mean_preserving:
+        count = on.sum(-1, keepdim=True)
+        mean = weights.sum(-1, keepdim=True) / count.clamp(min=1)
+        keep = (count == 0) | (mean.abs() <= 1e-12)
+        weights = torch.where(keep, weights, weights / torch.where(keep, 1.0, mean))
+    return (weights * a).to(dtype)
+
+
 _GEAR_NEEDS = ("divergence", "entropy")
+_SIGNED_NEEDS = (*_GEAR_NEEDS, "student_logprobs", "teacher_logprobs")
 _PAPER = "arXiv 2605.11853"
+_DIVERGENCE = {"score": "divergence"}
 
 
 @register_estimator("gear", config=GEARConfig, needs=_GEAR_NEEDS, segments=True, paper=_PAPER,
+                    fixed=_DIVERGENCE,
                     description="GEAR: divergence/entropy segments, sign-aware weights")
 @register_estimator("gear_token_kl", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    fixed={"segmentation": "none"}, paper=_PAPER,
+                    fixed={**_DIVERGENCE, "segmentation": "none"}, paper=_PAPER,
                     description="GEAR ablation: token-level KL weights, no segments")
 @register_estimator("gear_kl_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    fixed={"segmentation": "kl_only"}, paper=_PAPER,
+                    fixed={**_DIVERGENCE, "segmentation": "kl_only"}, paper=_PAPER,
                     description="GEAR ablation: segments from KL spikes only")
 @register_estimator("gear_entropy_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    fixed={"segmentation": "entropy_only"}, paper=_PAPER,
+                    fixed={**_DIVERGENCE, "segmentation": "entropy_only"}, paper=_PAPER,
                     description="GEAR ablation: onsets from entropy spikes")
 @register_estimator("gear_entropy_window", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    fixed={"segmentation": "entropy_window"}, paper=_PAPER,
+                    fixed={**_DIVERGENCE, "segmentation": "entropy_window"}, paper=_PAPER,
                     description="GEAR ablation: termination by a trailing mean-entropy window")
+@register_estimator("gear_signed", config=GEARConfig, needs=_SIGNED_NEEDS, segments=True,
+                    fixed={"score": "log_ratio"}, paper=f"{_PAPER} + arXiv 2604.03128",
+                    description="GEAR segments carrying the teacher log-ratio of their onset")
 def gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
     """GEAR's ``[B, T]`` advantages on ``batch``: its GRPO advantage reshaped by
-    :func:`gear_advantages`."""
-    # the registry's batch.require(needs) has checked that divergence and entropy are set
-    return gear_advantages(outcome_advantages(batch, config), cast(torch.Tensor, batch.divergence),
-                           cast(torch.Tensor, batch.entropy), batch.mask, config)
+    :func:`gear_advantages` (or :func:`gear_signed_advantages` when ``score == "log_ratio"``)."""
+    # the registry's batch.require(needs) has checked that the signals it reads are set
+    outcome = outcome_advantages(batch, config)
+    divergence, entropy = cast(torch.Tensor, batch.divergence), cast(torch.Tensor, batch.entropy)
+    if config.score == "log_ratio":
+        ratio = (cast(torch.Tensor, batch.teacher_logprobs)
+                 - cast(torch.Tensor, batch.student_logprobs))
+        return gear_signed_advantages(outcome, divergence, entropy, ratio, batch.mask, config)
+    return gear_advantages(outcome, divergence, entropy, batch.mask, config)
 
 
 def gear_advantages_reference(
@@ -198,24 +278,32 @@ def gear_advantages_reference(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     config: GEARConfig = GEARConfig(),  # noqa: B008 - frozen dataclass, safe as a default
+    log_ratio: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """docs/design.md steps 3-7 written out one row at a time in plain Python (slow; for tests).
 
-    Same contract as :func:`gear_advantages`; returns float64 ``[B, T]``.
+    Same contract as :func:`gear_advantages` (with ``log_ratio`` ``[B, T]`` and
+    ``config.score == "log_ratio"``: :func:`gear_signed_advantages`'s); returns float64
+    ``[B, T]``.
     """
     _check_inputs(divergence, entropy, mask, advantages, config)
     check_mask(mask)
     check_tokens("divergence", divergence)
     check_tokens("entropy", entropy)
+    signed = config.score == "log_ratio"
+    if signed and log_ratio is None:
+        raise ValueError("config.score='log_ratio' needs log_ratio")
+    ratios = (log_ratio if signed else torch.zeros_like(mask, dtype=torch.float64)).double()
     beta = config.resolved_beta
     rows = []
-    for d_row, h_row, m_row, a in zip(divergence.double().tolist(), entropy.double().tolist(),
-                                      mask.int().tolist(), advantages.double().tolist(),
-                                      strict=True):
+    for d_row, h_row, m_row, a, r_row in zip(
+            divergence.double().tolist(), entropy.double().tolist(), mask.int().tolist(),
+            advantages.double().tolist(), ratios.tolist(), strict=True):
         normalized = normalize_reference(d_row, m_row, config.normalize)          # step 3
         onsets = scan_reference(normalized, h_row, m_row, config)                  # step 4
-        scores = [normalized[s] if s >= 0 else n                                   # step 5
-                  for s, n in zip(onsets, normalized, strict=True)]
+        own = ([1.0 / (1.0 + math.exp(r)) for r in r_row] if signed               # step 5
+               else normalized)
+        scores = [own[s] if s >= 0 else u for s, u in zip(onsets, own, strict=True)]
         if config.sign_aware and a < 0:                                            # step 6
             weights = list(scores)
         elif config.sign_aware and a == 0:

@@ -122,7 +122,8 @@ def gear_reweight(step_advantages: torch.Tensor, divergence: torch.Tensor, entro
 
 
 @register_estimator("gear_steps", config=GearStepsConfig, needs=("divergence", "entropy"),
-                    segments=True, step_level=True, needs_states=_needs_states,
+                    fixed={"score": "divergence"}, segments=True, step_level=True,
+                    needs_states=_needs_states,
                     paper="arXiv 2605.11853 over a step-level base",
                     description="GEAR token weights over a step-level advantage (base: gigpo)")
 def gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:
