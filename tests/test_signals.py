@@ -218,6 +218,36 @@ def test_student_gradients_match_naive(share_prompts):
     assert any(g.abs().max() > 1e-3 for g in grads)
 
 
+@pytest.mark.parametrize("estimator", ["full", "k3"])
+def test_divergence_without_gradients_skips_the_teachers_recomputation(estimator):
+    """divergence_requires_grad=False: the same values, the same student gradients, no graph
+    through the divergence, and the backward's checkpoint recomputation stops before the
+    teacher's LM head (one head call per chunk in the backward instead of two)."""
+    torch.manual_seed(0)
+    model = _model("qwen2", num_layers=1)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=13)
+    calls = {"n": 0}
+    model.lm_head.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
+    results = {}
+    for flag in (True, False):
+        sig = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                            chunk_size=4, student_requires_grad=True, estimator=estimator,
+                            divergence_requires_grad=flag)
+        assert sig.divergence.requires_grad is flag and sig.student_logprobs.requires_grad
+        weights = torch.rand(sig.mask.shape, generator=torch.Generator().manual_seed(1))
+        loss = ((sig.student_logprobs + 0.5 * sig.entropy) * weights).sum()
+        calls["n"] = 0
+        grads = torch.autograd.grad(loss, list(model.parameters()))
+        results[flag] = (sig, grads, calls["n"])
+    (on, on_grads, on_calls), (off, off_grads, off_calls) = results[True], results[False]
+    chunks = -(-int(on.mask.sum()) // 4)
+    assert (on_calls, off_calls) == (2 * chunks, chunks)
+    for name in ("student_logprobs", "teacher_logprobs", "entropy", "divergence"):
+        assert torch.equal(getattr(on, name).detach(), getattr(off, name)), name
+    for got, want in zip(off_grads, on_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)
+
+
 def test_response_logprobs_is_each_side_alone():
     model = _model("qwen3")
     prompts, teachers, responses, mask = _batch(301, seed=19)

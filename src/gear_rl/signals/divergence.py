@@ -180,6 +180,7 @@ def token_signals(
     chunk_size: int | None = None,
     student_requires_grad: bool = False,
     share_prompts: bool | None = None,
+    divergence_requires_grad: bool | None = None,
 ) -> TokenSignals:
     """Score ``B`` responses under the student prompts and the teacher prompts.
 
@@ -205,6 +206,13 @@ def token_signals(
             (module docstring); the outputs are the same up to float rounding. ``None``: per side
             (student, teacher), where that side needs no gradient and some prompt repeats.
             ``True`` / ``False``: on / off for both sides (``True`` keeps gradients exact too).
+        divergence_requires_grad: with ``student_requires_grad``, whether ``divergence``
+            carries gradients too (a distillation loss needs them; ``None``: the same as
+            ``student_requires_grad``). ``False`` computes it, and everything of the teacher's,
+            after the last gradient-carrying value of each checkpointed chunk, so the backward's
+            recomputation stops before them (non-reentrant checkpointing stops once every
+            saved tensor is back): a policy-gradient update that only reads the divergence as
+            a signal (GEAR's fused credit) does not pay the teacher's LM head again.
 
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
@@ -228,6 +236,8 @@ def token_signals(
     elif topk is not None:
         raise ValueError(f"topk is only used with estimator='topk', got topk={topk!r}")
     chunk_size = _check_chunk_size(chunk_size, vocab_size)
+    divergence_grad = (student_requires_grad if divergence_requires_grad is None
+                       else bool(divergence_requires_grad) and student_requires_grad)
     share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
     share_student = _share_prompts(share_prompts, students, requires_grad=student_requires_grad)
 
@@ -237,7 +247,7 @@ def token_signals(
         student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student)
         student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
             _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
-            (temperature, estimator, topk), chunk_size, student_requires_grad,
+            (temperature, estimator, topk, divergence_grad), chunk_size, student_requires_grad,
         )
     return TokenSignals(
         student_logprobs=student_logprobs,
@@ -369,11 +379,14 @@ def _chunk_signals(
     temperature: float,
     estimator: str,
     topk: int | None,
+    divergence_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Signals for ``C`` rows from their predicting hidden states ``[C, H]`` and targets ``[C]``.
 
     Returns four ``[C]`` fp32 tensors: student log-prob, teacher log-prob, entropy, divergence.
-    Peak memory is a handful of ``[C, V]`` fp32 buffers.
+    Peak memory is a handful of ``[C, V]`` fp32 buffers. ``divergence_grad=False``: the
+    divergence is computed without gradients; every gradient-carrying value comes before the
+    teacher's head, so a checkpoint's recomputation stops before it.
     """
     student = _log_softmax(head(student_hidden), temperature)  # [C, V]
     student_logprob = student.gather(-1, targets[:, None]).squeeze(-1)
@@ -382,18 +395,33 @@ def _chunk_signals(
     with torch.no_grad():
         teacher = _log_softmax(head(teacher_hidden), temperature)  # [C, V]
         teacher_logprob = teacher.gather(-1, targets[:, None]).squeeze(-1)
+    if divergence_grad:
+        divergence = _divergence(student, student_probs, student_logprob, teacher,
+                                 teacher_logprob, estimator, topk)
+    else:
+        with torch.no_grad():
+            divergence = _divergence(student.detach(), student_probs.detach(),
+                                     student_logprob.detach(), teacher, teacher_logprob,
+                                     estimator, topk)
+    return student_logprob, teacher_logprob, entropy, divergence
+
+
+def _divergence(student: torch.Tensor, student_probs: torch.Tensor,
+                student_logprob: torch.Tensor, teacher: torch.Tensor,
+                teacher_logprob: torch.Tensor, estimator: str, topk: int | None
+                ) -> torch.Tensor:
+    """``[C]`` divergence estimate from the student's and the teacher's ``[C, V]``
+    log-softmaxes (and the sampled tokens' log-probs, for ``k1`` / ``k3``)."""
     if estimator == "full":
-        divergence = _rowwise_dot(student_probs, student - teacher)
-    elif estimator == "topk":
+        return _rowwise_dot(student_probs, student - teacher)
+    if estimator == "topk":
         # token_signals has checked topk (an int in [1, V]) for estimator='topk'
         student_top, index = student.topk(cast(int, topk), dim=-1)  # [C, k]
         student_top = student_top - student_top.logsumexp(-1, keepdim=True)
         teacher_top = teacher.gather(-1, index)
         teacher_top = teacher_top - teacher_top.logsumexp(-1, keepdim=True)
-        divergence = (student_top.exp() * (student_top - teacher_top)).sum(-1)
-    else:
-        divergence = sampled_token_divergence(student_logprob, teacher_logprob, estimator)
-    return student_logprob, teacher_logprob, entropy, divergence
+        return (student_top.exp() * (student_top - teacher_top)).sum(-1)
+    return sampled_token_divergence(student_logprob, teacher_logprob, estimator)
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

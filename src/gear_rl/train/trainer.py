@@ -422,6 +422,9 @@ class Trainer:
                 self.optimizer.step()
                 self._check_weights(step)
                 updates += 1
+        # the gradients are not read again before the next update's zero_grad: free them now,
+        # so that the rollout, evaluation and checkpoint do not hold a model's worth of memory
+        self.optimizer.zero_grad(set_to_none=True)
         self.runtime.sync_sampler()
         tokens = max(totals.pop("tokens"), 1.0)
         out = {name: value / updates for name, value in totals.items()
@@ -517,7 +520,8 @@ class Trainer:
                 sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
                                     responses,
                                     estimator=cast(DivergenceEstimator, signals.divergence),
-                                    topk=signals.topk, student_requires_grad=True, **common)
+                                    topk=signals.topk, student_requires_grad=True,
+                                    divergence_requires_grad=self.distill, **common)
                 return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
                         "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs}
             own = response_logprobs(model, prompts, responses, requires_grad=True, **common)
