@@ -205,3 +205,32 @@ def test_bad_value_on_a_long_row_names_it_and_its_row(position: int, field: str,
     ent[2, position - 1] = float("nan")  # an earlier bad token decides
     with pytest.raises(ValueError, match="entropy contains NaN or inf \\(row 2"):
         gear_segments(div, ent, mask)
+
+
+def test_skip_first_keeps_the_first_tokens_from_opening_and_from_the_range() -> None:
+    """skip_first=1: the first policy token's large divergence (the pilot's first-token
+    segment) no longer opens a segment that runs to the end, nor squeezes the other tokens'
+    normalised divergence; a masked position before it does not count as a policy token."""
+    div = torch.tensor([[9.0, 5.0, 0.1, 0.15, 1.0, 0.1]])
+    ent = torch.tensor([[1.0, 3.0, 2.0, 2.0, 1.0, 2.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    plain = GEARConfig()
+    skip = GEARConfig(skip_first=1)
+    # without: token 1 (n = 1) opens a segment whose threshold 4.5 no later entropy exceeds
+    assert gear_segments(div, ent, mask, plain).tolist() == [[-1, 1, 1, 1, 1, 1]]
+    # with: token 1 takes the row's other minimum (0.1): token 4 (n = 1) opens, and token 5
+    # (entropy 2.0 > 1.5 * 1.0) closes, inclusive
+    assert gear_segments(div, ent, mask, skip).tolist() == [[-1, -1, -1, -1, 4, 4]]
+    weights = gear_weights(torch.ones(1), div, ent, mask, skip)[0].tolist()
+    n = [0.0, 0.0, 0.0, 0.05 / 0.9, 1.0, 1.0]  # (d - 0.1) / (1.0 - 0.1); 5 carries 4's
+    assert weights == pytest.approx([0.0] + [1.5 - u for u in n[1:]], abs=1e-6)
+    assert torch.equal(gear_advantages(torch.ones(1), div, ent, mask, skip),
+                       gear_advantages_reference(torch.ones(1), div, ent, mask, skip).float())
+    # a row with only skipped policy tokens gets n = 0 there; a bad value there is still found
+    assert gear_weights(-torch.ones(1), div, ent, mask, GEARConfig(skip_first=9)).tolist() == [
+        [0.0] + [0.5] * 5]
+    div[0, 1] = float("nan")
+    with pytest.raises(ValueError, match="divergence contains NaN"):
+        gear_advantages(torch.ones(1), div, ent, mask, skip)
+    with pytest.raises(ValueError, match="skip_first must be an integer >= 0"):
+        GEARConfig(skip_first=-1)

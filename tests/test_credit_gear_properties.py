@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gear_rl.credit import GEARConfig, gear_advantages, gear_advantages_reference, gear_segments
 from gear_rl.credit.config import NORMALIZE_MODES, SEGMENTATION_MODES
+from gear_rl.credit.gear import skip_first_tokens
 from gear_rl.credit.segments import normalize_reference, scan_reference
 
 SETTINGS = settings(max_examples=100, deadline=None,
@@ -46,12 +47,14 @@ configs = st.builds(
     window=st.integers(1, 5),
     sign_aware=st.booleans(),
     mean_preserving=st.booleans(),
+    skip_first=st.sampled_from([0, 0, 1, 3]),
 )
 
 
 def reference_onsets(div: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor,
                      config: GEARConfig) -> list[list[int]]:
     out = []
+    div = skip_first_tokens(div, mask, config.skip_first)  # hand-checked in the examples
     for d_row, h_row, m_row in zip(div.double().tolist(), ent.double().tolist(),
                                    mask.int().tolist(), strict=True):
         normalized = normalize_reference(d_row, m_row, config.normalize)

@@ -69,6 +69,11 @@ class GEARConfig(OutcomeConfig):
             ``u_t = sigmoid(-r_t)``; so step 6 raises the weight of tokens the teacher endorses
             on correct answers and of tokens it rejects on wrong ones. Needs the sampled
             tokens' log-probs.
+        skip_first: the first ``skip_first`` policy tokens of each trajectory neither open a
+            segment nor enter the normalisation: their divergence is replaced by the minimum
+            over the trajectory's other policy tokens before step 3 (so ``n = 0`` there with
+            ``minmax``; the paper notes that early non-reasoning tokens carry large,
+            uninformative divergence). 0 (default): every token counts.
     """
 
     lambda_kl: float = 0.1
@@ -81,6 +86,7 @@ class GEARConfig(OutcomeConfig):
     sign_aware: bool = True
     mean_preserving: bool = False
     score: str = "divergence"
+    skip_first: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -96,6 +102,9 @@ class GEARConfig(OutcomeConfig):
             )
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
+        if (isinstance(self.skip_first, bool) or not isinstance(self.skip_first, int)
+                or self.skip_first < 0):
+            raise ValueError(f"skip_first must be an integer >= 0, got {self.skip_first!r}")
         if self.score not in SCORE_MODES:
             raise ValueError(f"score must be one of {SCORE_MODES}, got {self.score!r}")
 

@@ -74,6 +74,28 @@ def _check_inputs(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.T
         check_batch_size("advantages", advantages, mask.shape[0])
 
 
+def skip_first_tokens(divergence: torch.Tensor, mask: torch.Tensor, count: int) -> torch.Tensor:
+    """``divergence`` with its first ``count`` policy tokens per row set to the minimum over the
+    row's other policy tokens (``GEARConfig.skip_first``): they then neither open a segment nor
+    move the normalisation. A row with no other policy token gets 0 there.
+
+    Args:
+        divergence: ``[B, T]`` per-token divergence.
+        mask: ``[B, T]`` 0/1 policy-token mask.
+        count: how many leading policy tokens to skip (0: ``divergence`` itself is returned).
+
+    Returns:
+        ``[B, T]`` in ``divergence``'s dtype and device.
+    """
+    if count == 0 or divergence.numel() == 0:
+        return divergence
+    on = mask.to(device=divergence.device) != 0
+    early = on & (on.long().cumsum(-1) <= count)
+    rest = torch.where(on & ~early, divergence, torch.inf).amin(-1, keepdim=True)
+    rest = torch.where(torch.isfinite(rest), rest, 0.0).to(divergence.dtype)
+    return torch.where(early, rest, divergence)
+
+
 def _numpy(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """A contiguous CPU array of ``x`` in ``dtype`` (no copy when it already is one)."""
     return x.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
@@ -86,6 +108,9 @@ def _run_kernel(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Ten
     raise on the bad values it reports."""
     _check_inputs(divergence, entropy, mask, advantages, config)
     device = mask.device
+    if config.skip_first:  # a NaN in the skipped tokens still reaches the kernel's check
+        divergence = torch.where(torch.isfinite(divergence), skip_first_tokens(
+            divergence, mask, config.skip_first), divergence)
     wide = torch.float64 in (divergence.dtype, entropy.dtype) or (
         advantages is not None and advantages.dtype == torch.float64)
     dtype = torch.float64 if wide else torch.float32
@@ -290,6 +315,7 @@ def gear_advantages_reference(
     check_mask(mask)
     check_tokens("divergence", divergence)
     check_tokens("entropy", entropy)
+    divergence = skip_first_tokens(divergence, mask, config.skip_first)
     signed = config.score == "log_ratio"
     if signed and log_ratio is None:
         raise ValueError("config.score='log_ratio' needs log_ratio")
