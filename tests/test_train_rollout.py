@@ -315,3 +315,37 @@ def test_continuation_arguments_are_checked(tiny) -> None:
         sample_continuations(model, [5, 6, 7], [2], 0, **common)
     with pytest.raises(ValueError, match="temperature"):
         sample_continuations(model, [5, 6, 7], [2], 1, temperature=0.0, **common)
+
+
+def test_paired_draws_fix_each_rows_numbers_and_still_stop_early(tiny) -> None:
+    """paired_draws: row i samples step s with its own pre-drawn number, so (a) its response
+    with stop tokens is its no-stop response cut at the first stop (rows leave the decoding
+    batch as they finish, the numbers do not shift), (b) other rows' prompts do not change it,
+    (c) chunking by batch_size does not either (the numbers are drawn row after row)."""
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 6) * 3
+    free_stops: list[int] = []  # no row stops
+    common = {"max_new_tokens": 12, "pad_id": tokenizer.pad_token_id, "temperature": 1.5,
+              "paired_draws": True}
+
+    def run(rows, stops, **extra):
+        return sample_responses(model, rows, stop_ids=stops,
+                                generator=torch.Generator().manual_seed(3), **common, **extra)
+
+    free = run(prompts, free_stops).response_ids
+    assert all(len(r) == 12 for r in free)
+    stops = sorted(set(stop_token_ids(tokenizer, model)) | {free[0][3], free[4][7]})
+    sizes: list[int] = []
+    hook = model.register_forward_hook(lambda _m, args, kwargs, _o: sizes.append(
+        kwargs["input_ids"].shape[0]), with_kwargs=True)
+    try:
+        stopped = run(prompts, stops)
+    finally:
+        hook.remove()
+    expected = [_cut(r, stops) for r in free]
+    assert [(r, f) for r, f in zip(stopped.response_ids, stopped.finished, strict=True)] == \
+        expected
+    assert sum(f for _, f in expected) >= 2 and sizes[-1] < len(prompts)  # rows left early
+    other = run(prompts[:-1] + [prompts[1]], stops).response_ids
+    assert other[:-1] == stopped.response_ids[:-1]
+    assert run(prompts, stops, batch_size=7).response_ids == stopped.response_ids

@@ -1,20 +1,17 @@
 """Held-out evaluation: Mean@k (average correctness over k samples per problem) and pass@k
 (share of problems with at least one correct sample among k), with per-problem records.
 
-**Paired draws.** On single-turn tasks every sample keeps its own place in the random stream:
-sample ``j`` of problem ``i`` is row ``i * k + j`` of its generation batch, and no row leaves
-the batch before ``max_new_tokens`` (each response is cut at its first stop token afterwards).
-So at every decoding step each row draws the same uniform number whatever any model generates,
-and two models evaluated with the same ``seed``, problems, ``k`` and ``batch_size`` sample each
+**Paired draws.** On single-turn tasks every sample has its own uniform numbers: sample ``j``
+of problem ``i`` is row ``i * k + j`` of its generation batch, and before decoding each batch
+draws ``[rows, max_new_tokens]`` numbers from the ``seed`` stream, row after row
+(``sample_responses(paired_draws=True)``). A row's token at step ``s`` is sampled by inverse CDF
+with its own number ``s``, whatever any other row generates and whenever it finishes, so two
+models evaluated with the same ``seed``, problems, ``k`` and ``batch_size`` sample each
 (problem, sample) with identical random numbers: a comparison of two methods is paired problem
-by problem and draw by draw (common random numbers). Letting finished rows leave the batch
-instead (what training does) shifts the later rows' draws by how many rows a model has already
-finished. Keeping every row costs decoding the full ``max_new_tokens``: on the default task
-(answers of 17 tokens on average, 32 allowed) the evaluation's sampling took 1.3-2.2x as long
-(median 1.6x over 3 alternations, 32 problems x 4 samples, a loaded 2-core Xeon), a few
-percent of a run. (A generator per row in the sampler would make the draws independent of the
-batch layout as well, and keep early stopping.) Multi-turn tasks (agents, environments) sample
-from one stream seeded by ``seed``: they are paired by problem only.
+by problem and draw by draw (common random numbers). Finished rows still leave the batch, as in
+training. (One draw per live row and step instead, what training does, would shift the later
+rows' draws by how many rows a model has already finished.) Multi-turn tasks (agents,
+environments) sample from one stream seeded by ``seed``: they are paired by problem only.
 
 **Records.** :func:`write_eval_records` stores one evaluation's per-problem records in the run
 directory (``eval_records/step-NNNNNN.json``, one file per evaluated step, written atomically,
@@ -135,18 +132,12 @@ def _single_turn_paired(task: Task, problems: Sequence[Problem], prompts: Sequen
                         pad_id: int, temperature: float, top_p: float,
                         generator: torch.Generator, max_new_tokens: int,
                         batch_size: int | None) -> Rows:
-    """One sample per prompt with paired draws (module docstring): sampled without stop tokens,
-    so that no row leaves its batch, then each response cut after its first stop token and
-    scored as :func:`gear_rl.train.episodes.collect` scores single-turn rows."""
-    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=(),
+    """One sample per prompt with paired draws (module docstring), scored as
+    :func:`gear_rl.train.episodes.collect` scores single-turn rows."""
+    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                               pad_id=pad_id, temperature=temperature, top_p=top_p,
-                              generator=generator, batch_size=batch_size)
-    stops = set(int(s) for s in stop_ids)
-    responses, finished = [], []
-    for ids in result.response_ids:
-        end = next((i for i, token in enumerate(ids) if token in stops), None)
-        responses.append(ids if end is None else ids[:end + 1])
-        finished.append(end is not None)
+                              generator=generator, batch_size=batch_size, paired_draws=True)
+    responses, finished = result.response_ids, result.finished
     texts = [decode_response(tokenizer, r, f) for r, f in zip(responses, finished, strict=True)]
     return Rows(response_ids=responses, finished=finished, texts=texts,
                 extracted=[task.extract(t) for t in texts],

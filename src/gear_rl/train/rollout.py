@@ -95,6 +95,7 @@ def sample_next_token(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     nucleus_topk: int = 64,
+    uniform: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sample one token per row from ``softmax(logits / temperature)`` restricted to its top-p
     nucleus (the smallest set of most likely tokens whose mass reaches ``top_p``).
@@ -105,6 +106,8 @@ def sample_next_token(
         generator: the random stream (on ``logits.device``).
         nucleus_topk: first try to find every row's nucleus inside its top-``nucleus_topk``
             tokens (a cheap ``topk``); rows whose nucleus is larger fall back to a full sort.
+        uniform: ``[B]`` uniform numbers in [0, 1) to sample with (inverse CDF), instead of
+            drawing them from ``generator``.
 
     Returns:
         ``[B]`` int64 token ids.
@@ -129,7 +132,12 @@ def sample_next_token(
         mass_before = candidates.cumsum(-1) - candidates
         candidates = candidates * (mass_before < top_p)
     cdf = candidates.cumsum(-1)
-    u = torch.rand(batch, 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(batch, 1, generator=generator, device=probs.device)
+    elif uniform.numel() != batch:
+        raise ValueError(f"uniform must hold one number per row ({batch}), got shape "
+                         f"{tuple(uniform.shape)}")
+    u = uniform.reshape(batch, 1).to(cdf.dtype) * cdf[:, -1:]
     choice = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(-1)
     if candidate_ids is None:
         return choice
@@ -227,6 +235,7 @@ def _decode(
     top_p: float,
     greedy: bool,
     generator: torch.Generator | None,
+    paired_draws: bool = False,
 ) -> tuple[list[list[int]], list[bool]]:
     """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`.
 
@@ -238,7 +247,7 @@ def _decode(
         attention: ``[R, W]``, 1 on cached tokens and 0 on left padding; ``None`` when no row is
             padded (then no mask is built at all).
         positions: ``[R]`` position id of each row's next token.
-        max_new_tokens, stops, temperature, top_p, greedy, generator: see
+        max_new_tokens, stops, temperature, top_p, greedy, generator, paired_draws: see
             :func:`sample_responses`.
 
     Returns:
@@ -256,12 +265,17 @@ def _decode(
     stop_tensor = torch.tensor(sorted(set(stops)), device=device)
     active = torch.arange(rows, device=device)  # the original row of each live batch row
     position = positions.reshape(-1, 1)
+    # paired: every (row, step) has its own uniform number, drawn before decoding, whichever
+    # rows finish early (row-major, so a row's numbers are a fixed stretch of the stream)
+    draws = (torch.rand(rows, max_new_tokens, generator=generator, device=device)
+             if paired_draws and not greedy else None)
     for step in range(max_new_tokens):
         if greedy:
             tokens = logits.argmax(-1)
         else:
             tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
-                                       generator=generator)
+                                       generator=generator,
+                                       uniform=None if draws is None else draws[active, step])
         out[active, step] = tokens
         if step == max_new_tokens - 1:
             break
@@ -306,6 +320,7 @@ def sample_responses(
     generator: torch.Generator | None = None,
     batch_size: int | None = None,
     greedy: bool = False,
+    paired_draws: bool = False,
 ) -> Rollout:
     """Sample one response per prompt with a KV cache, stopping each row at its first stop token.
 
@@ -326,6 +341,12 @@ def sample_responses(
         greedy: take the most likely token (``argmax`` of the logits, first index on ties, as
             ``model.generate(do_sample=False)``) instead of sampling; ``temperature``, ``top_p``
             and ``generator`` are then unused.
+        paired_draws: draw every row's uniform numbers for all ``max_new_tokens`` steps
+            before decoding (``[rows, max_new_tokens]`` from ``generator``, one batch after
+            another), so that row ``i`` samples with the same numbers whatever the other rows
+            generate and whenever they finish (common random numbers for comparing models);
+            rows still leave the batch at their stop token. Off (default): one draw per live
+            row and step, as in training.
 
     Returns:
         ``Rollout`` with ``B`` responses in the order of ``prompt_ids``.
@@ -340,7 +361,7 @@ def sample_responses(
             sample_responses(
                 model, prompts[i : i + batch_size], max_new_tokens=max_new_tokens,
                 stop_ids=stops, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                generator=generator, greedy=greedy,
+                generator=generator, greedy=greedy, paired_draws=paired_draws,
             )
             for i in range(0, len(prompts), batch_size)
         ]
@@ -373,6 +394,7 @@ def sample_responses(
     responses, finished = _decode(
         model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens, stops=stops,
         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
+        paired_draws=paired_draws,
     )
     return Rollout(prompt_ids=prompts, response_ids=responses, finished=finished)
 
