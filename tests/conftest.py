@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 # Idle OpenMP workers sleep instead of spinning (what the `gear-rl` CLI sets for itself): GEAR's
 # parallel numba kernel otherwise leaves workers spinning that slowed later torch work in the
@@ -67,3 +69,22 @@ def tiny_trainer(out, *overrides: str, task=None, model_seed: int = 1, config=No
     model = tiny_random_model("llama", seed=model_seed, initializer_range=0.2)
     task_obj = None if task == "config" else (task if task is not None else toy_task())
     return Trainer(config, model=model, tokenizer=build_tiny_tokenizer(), task=task_obj)
+
+
+def kill_when(process, ready, *, timeout: float, poll: float = 0.02, what: str = "the run"
+              ) -> None:
+    """SIGKILL ``process`` (a ``subprocess.Popen``) as soon as ``ready()`` holds, polling every
+    ``poll`` seconds for at most ``timeout``; fails if the process ended first. The process is
+    killed in every case."""
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and process.poll() is None:
+            if ready():
+                break
+            time.sleep(poll)
+        assert process.poll() is None, f"{what} finished before it could be interrupted"
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()

@@ -9,7 +9,6 @@ import itertools
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from conftest import kill_when
 from gear_rl.cli import main
 from gear_rl.rundir import RunDir
 from gear_rl.study import analyze_study, parse_spec, write_study
@@ -444,19 +444,10 @@ def test_a_killed_study_continues_where_it_stopped(tmp_path: Path) -> None:
     first, second = broken / "cells/arith/grpo-s0", broken / "cells/arith/gear-s0"
     process = subprocess.Popen(_study_command(spec, broken, jobs=1), env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 1200
-    try:  # kill it once the first cell finished and the second has a checkpoint
-        while time.time() < deadline and process.poll() is None:
-            if RunDir(first).finished() and RunDir(second).latest_checkpoint() is not None \
-                    and not RunDir(second).finished():
-                break
-            time.sleep(0.05)
-        assert process.poll() is None, "the study finished before it could be interrupted"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    # kill it once the first cell finished and the second has a checkpoint
+    kill_when(process, lambda: RunDir(first).finished() and RunDir(second).latest_checkpoint()
+              is not None and not RunDir(second).finished(), timeout=1200, poll=0.05,
+              what="the study")
     assert not RunDir(second).finished()
     # the running cell died with the study (no orphan keeps training into its folder)
     deadline = time.time() + 60

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from conftest import kill_when
 
 ARGS = [
     "model=tiny-random", "task=arithmetic", "train_size=64", "estimator=gear",
@@ -59,19 +59,8 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
     broken = tmp_path / "broken"
     process = subprocess.Popen(_cli(*ARGS, f"out={broken}"), env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and process.poll() is None:
-            steps = [r["step"] for r in _records(broken)]
-            if steps and max(steps) >= 5:
-                break
-            time.sleep(0.02)
-        assert process.poll() is None, "the run finished before it could be interrupted"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
+    kill_when(process, lambda: max((r["step"] for r in _records(broken)), default=0) >= 5,
+              timeout=600)
     killed_at = max(r["step"] for r in _records(broken))
     assert 5 <= killed_at < 10
 

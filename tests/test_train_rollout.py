@@ -346,6 +346,6 @@ def test_paired_draws_fix_each_rows_numbers_and_still_stop_early(tiny) -> None:
     assert [(r, f) for r, f in zip(stopped.response_ids, stopped.finished, strict=True)] == \
         expected
     assert sum(f for _, f in expected) >= 2 and sizes[-1] < len(prompts)  # rows left early
-    other = run(prompts[:-1] + [prompts[1]], stops).response_ids
+    other = run([*prompts[:-1], prompts[1]], stops).response_ids
     assert other[:-1] == stopped.response_ids[:-1]
     assert run(prompts, stops, batch_size=7).response_ids == stopped.response_ids
