@@ -105,6 +105,7 @@ def collect(
     batch_size: int | None = None,
     limits: AgentLimits | None = None,
     sandbox: PythonSandbox | None = None,
+    paired_draws: bool = False,
 ) -> Rows:
     """Sample one response (or episode) per prompt and score it.
 
@@ -118,6 +119,8 @@ def collect(
         limits: multi-turn limits (default: :class:`~gear_rl.agent.loop.AgentLimits`'s, with
             the task's own turn count).
         sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
+        paired_draws: single-turn tasks only (multi-turn ones sample turn by turn from one
+            stream): see :func:`gear_rl.train.rollout.sample_responses`.
     """
     if len(problems) != len(prompts):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
@@ -133,7 +136,8 @@ def collect(
                               sandbox)
     result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                               pad_id=pad_id, temperature=temperature, top_p=top_p,
-                              generator=generator, batch_size=batch_size)
+                              generator=generator, batch_size=batch_size,
+                              paired_draws=paired_draws)
     texts = [decode_response(tokenizer, r, f)
              for r, f in zip(result.response_ids, result.finished, strict=True)]
     return Rows(response_ids=result.response_ids, finished=result.finished, texts=texts,

@@ -32,8 +32,7 @@ from gear_rl.agent.loop import AgentLimits
 from gear_rl.rundir import atomic_write_text
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.episodes import Rows, collect, decode_response
-from gear_rl.train.rollout import sample_responses
+from gear_rl.train.episodes import collect, decode_response
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -94,16 +93,10 @@ def evaluate(
     prompts = [build_prompt_ids(tokenizer, p.prompt) for p in problems]
     row_problems = [p for p in problems for _ in range(k)]
     row_prompts = [p for p in prompts for _ in range(k)]
-    if task.env is None and task.agent is None:
-        rows = _single_turn_paired(task, row_problems, row_prompts, model=model,
-                                   tokenizer=tokenizer, stop_ids=stop_ids, pad_id=pad_id,
-                                   temperature=temperature, top_p=top_p, generator=generator,
-                                   max_new_tokens=max_new_tokens, batch_size=batch_size)
-    else:
-        rows = collect(task, row_problems, row_prompts, model=model, tokenizer=tokenizer,
-                       stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                       generator=generator, max_new_tokens=max_new_tokens,
-                       batch_size=batch_size, limits=limits, sandbox=sandbox)
+    rows = collect(task, row_problems, row_prompts, model=model, tokenizer=tokenizer,
+                   stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
+                   generator=generator, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                   limits=limits, sandbox=sandbox, paired_draws=True)
     records, correct, any_correct = [], 0.0, 0
     for index, problem in enumerate(problems):
         chosen = range(index * k, (index + 1) * k)
@@ -125,23 +118,6 @@ def evaluate(
         "records": records,
         **rows.metrics,
     }
-
-
-def _single_turn_paired(task: Task, problems: Sequence[Problem], prompts: Sequence[Sequence[int]],
-                        *, model: torch.nn.Module, tokenizer: Any, stop_ids: Sequence[int],
-                        pad_id: int, temperature: float, top_p: float,
-                        generator: torch.Generator, max_new_tokens: int,
-                        batch_size: int | None) -> Rows:
-    """One sample per prompt with paired draws (module docstring), scored as
-    :func:`gear_rl.train.episodes.collect` scores single-turn rows."""
-    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                              pad_id=pad_id, temperature=temperature, top_p=top_p,
-                              generator=generator, batch_size=batch_size, paired_draws=True)
-    responses, finished = result.response_ids, result.finished
-    texts = [decode_response(tokenizer, r, f) for r, f in zip(responses, finished, strict=True)]
-    return Rows(response_ids=responses, finished=finished, texts=texts,
-                extracted=[task.extract(t) for t in texts],
-                rewards=[task.score(p, t) for p, t in zip(problems, texts, strict=True)])
 
 
 def _records_path(run_dir: str | Path, step: int) -> Path:
