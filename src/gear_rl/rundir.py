@@ -218,10 +218,11 @@ class RunDir:
         return self.summary_path.is_file()
 
     # ---- one writer at a time
-    def lock(self) -> None:
+    def lock(self, user: str = "trainer") -> None:
         """Take the run directory for this process (an exclusive ``flock`` on ``.lock``, held
         until :meth:`unlock` or the process ends). A second trainer on the same folder gets a
-        ``ValueError`` instead of interleaving its steps into the same logs."""
+        ``ValueError`` instead of interleaving its steps into the same logs; ``user`` names
+        what holds such folders in that message (``"credit check"``, ``"gear-rl study"``)."""
         if self._lock is not None:
             return
         handle = (self.path / LOCK).open("a+")
@@ -232,7 +233,7 @@ class RunDir:
             holder = handle.read().strip() or "another process"
             handle.close()
             if error.errno in (errno.EAGAIN, errno.EACCES):
-                raise ValueError(f"out: {self.path} is in use by another trainer ({holder}); "
+                raise ValueError(f"out: {self.path} is in use by another {user} ({holder}); "
                                  "wait for it to finish or choose another out") from None
             raise
         handle.seek(0)

@@ -284,11 +284,7 @@ def _open_out(out: Path) -> RunDir:
         raise ValueError(f"out: {out} is not empty and holds no credit check ({foreign[0]}, "
                          "...); choose another out")
     folder = RunDir(out)
-    try:
-        folder.lock()
-    except ValueError:
-        raise ValueError(f"out: {out} is in use by another credit check; wait for it or "
-                         "choose another out") from None
+    folder.lock(user="credit check")
     return folder
 
 

@@ -254,11 +254,7 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folder = RunDir(out)
-    try:
-        folder.lock()
-    except ValueError:
-        raise ValueError(f"study: {out} is in use by another gear-rl study; wait for it or "
-                         "choose another out=") from None
+    folder.lock(user="gear-rl study")
     started = time.perf_counter()
     try:
         planned = plan_cells(spec, out)
