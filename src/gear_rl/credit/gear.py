@@ -317,9 +317,12 @@ def gear_advantages_reference(
     check_tokens("entropy", entropy)
     divergence = skip_first_tokens(divergence, mask, config.skip_first)
     signed = config.score == "log_ratio"
-    if signed and log_ratio is None:
+    if not signed:
+        ratios = torch.zeros_like(mask, dtype=torch.float64)
+    elif log_ratio is None:
         raise ValueError("config.score='log_ratio' needs log_ratio")
-    ratios = (log_ratio if signed else torch.zeros_like(mask, dtype=torch.float64)).double()
+    else:
+        ratios = log_ratio.double()
     beta = config.resolved_beta
     rows = []
     for d_row, h_row, m_row, a, r_row in zip(
