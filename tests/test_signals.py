@@ -582,3 +582,85 @@ def test_shared_prompt_gradients_match_unshared(arch):
                                shared_policy + shared_distill, policy + distill, strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4,
                                    msg=lambda m, n=name: f"{arch} {n}: {m}")
+
+
+# ------------------------------------------------------ checkpointed layers (update memory)
+def _saved_bytes(run) -> tuple[object, int]:
+    """``run()``'s result and the bytes autograd saved for the backward while it ran."""
+    total = [0]
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        total[0] += tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = run()
+    return out, total[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("share", [True, False])
+def test_checkpointed_layers_match_and_save_less(arch, share):
+    """``checkpoint_layers=True`` gives the same log-probs, entropy, divergence and parameter
+    gradients as the plain pass (shared-prompt KV path included: the prompt pass and the
+    response pass are both recomputed in the backward), while autograd keeps far fewer bytes;
+    the layers run unwrapped again afterwards."""
+    model = _model(arch, num_layers=3)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=41)
+    weights = torch.rand(len(responses), max(len(r) for r in responses),
+                         generator=torch.Generator().manual_seed(5)) - 0.5
+    results = {}
+    for checkpointed in (False, True):
+        def run(checkpointed=checkpointed):
+            return token_signals(model, prompts, teachers, responses, response_mask=mask,
+                                 chunk_size=7, temperature=0.8, estimator="full",
+                                 student_requires_grad=True, share_prompts=share,
+                                 checkpoint_layers=checkpointed)
+        sig, saved = _saved_bytes(run)
+        loss = ((sig.student_logprobs + 0.3 * sig.entropy + sig.divergence) * weights).sum()
+        results[checkpointed] = (sig, saved, _parameter_grads(model, loss))
+        assert all("forward" not in layer.__dict__ for layer in model.base_model.layers)
+    plain, plain_saved, plain_grads = results[False]
+    ckpt, ckpt_saved, ckpt_grads = results[True]
+    for field in ("student_logprobs", "teacher_logprobs", "entropy", "divergence", "mask"):
+        torch.testing.assert_close(getattr(ckpt, field), getattr(plain, field), atol=0, rtol=0)
+    assert any(g.abs().max() > 1e-3 for g in plain_grads)
+    for (name, _), got, want in zip(model.named_parameters(), ckpt_grads, plain_grads,
+                                    strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5,
+                                   msg=lambda m, n=name: f"{arch} share={share} {n}: {m}")
+    assert ckpt_saved < 0.5 * plain_saved, (ckpt_saved, plain_saved)
+
+
+def test_checkpointed_layers_response_logprobs_and_refusals():
+    """``response_logprobs`` takes the same knob (same values and gradients); without gradients
+    it changes nothing; a model with a sliding-window layer is refused on the shared path with a
+    pointer to ``share_prompts``, and its layers are restored after the error."""
+    model = _model("llama", num_layers=2)
+    prompts, _teachers, responses, mask = _shared_batch(301, seed=43)
+    outs = [response_logprobs(model, prompts, responses, response_mask=mask, chunk_size=5,
+                              requires_grad=True, share_prompts=True, checkpoint_layers=c)
+            for c in (False, True)]
+    grads = [_parameter_grads(model, (o.logprobs + o.entropy).sum()) for o in outs]
+    torch.testing.assert_close(outs[1].logprobs, outs[0].logprobs, atol=0, rtol=0)
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    no_grad = response_logprobs(model, prompts, responses, response_mask=mask,
+                                checkpoint_layers=True)
+    assert not no_grad.logprobs.requires_grad
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        sliding = Qwen2ForCausalLM(Qwen2Config(
+            vocab_size=301, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+            sliding_window=6, max_window_layers=1))
+    assert "sliding_attention" in sliding.config.layer_types
+    with pytest.raises(ValueError, match="share_prompts"):
+        response_logprobs(sliding, prompts, responses, requires_grad=True, share_prompts=True,
+                          checkpoint_layers=True)
+    assert all("forward" not in layer.__dict__ for layer in sliding.base_model.layers)
+    unshared = [response_logprobs(sliding, prompts, responses, requires_grad=True,
+                                  share_prompts=False, checkpoint_layers=c) for c in (False, True)]
+    torch.testing.assert_close(unshared[1].logprobs, unshared[0].logprobs, atol=0, rtol=0)

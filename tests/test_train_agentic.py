@@ -227,3 +227,21 @@ def test_load_task_agent_specs(spec: str, kwargs: dict, match: str | None) -> No
         return
     with pytest.raises(ValueError, match=match):
         load_task(spec, train_size=2, eval_size=1, **kwargs)
+
+
+def test_multi_turn_updates_checkpoint_layers_by_default_with_the_same_result(tmp_path) -> None:
+    """``loss.checkpoint_layers=None`` turns layer checkpointing on for agent and environment
+    tasks and leaves it off for single-turn ones; an explicit value wins; a GEAR step on
+    multi-turn rows gives the same loss and the same weights with it as without it."""
+    assert not tiny_trainer(tmp_path / "single", "steps=1").checkpoint_layers
+    outcomes = {}
+    for value in ("null", "false"):
+        trainer = make_trainer(tmp_path / value, "sokoban", "estimator=gear", "steps=1",
+                               f"loss.checkpoint_layers={value}")
+        assert trainer.checkpoint_layers == (value == "null")
+        record, _ = trainer.step(1)
+        outcomes[value] = (record["loss"], [p.detach().clone() for p in trainer.model.parameters()])
+        trainer.close()
+    assert outcomes["null"][0] == pytest.approx(outcomes["false"][0], rel=1e-6, abs=1e-9)
+    for got, want in zip(outcomes["null"][1], outcomes["false"][1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)

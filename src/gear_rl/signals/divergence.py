@@ -34,12 +34,23 @@ Response token 0 is predicted by the prompt pass's last hidden state, token ``t 
 position ``t - 1``. The result equals the full pass up to float rounding: tested within 1e-5
 absolute plus 1e-5 relative (k3, whose error is the log ratio's times ``r``, within 3e-5
 relative); on SmolLM2-135M in fp32, log-probs of ~15 nats moved by at most 2e-5.
+
+Layer checkpointing (``checkpoint_layers``, gradient passes only): every decoder layer runs under
+non-reentrant activation checkpointing, so the backward keeps one ``[tokens, H]`` input per layer
+and recomputes the rest a layer at a time (one extra backbone forward, about a third more update
+compute, for activation memory that no longer grows with the layers). Hugging Face's own gradient
+checkpointing drops the KV cache, which the shared-prompt pass needs; here the cache is a
+:class:`_PrefixCache`, whose ``update`` has no side effect once the prompt is in it (the
+response pass reads ``prefix + new`` without appending), so a layer recomputed in the backward
+sees exactly what it saw in the forward. Same values and gradients as without it (tested).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -47,6 +58,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
 
 Estimator = Literal["full", "topk", "k1", "k3"]
 ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
@@ -181,6 +193,7 @@ def token_signals(
     student_requires_grad: bool = False,
     share_prompts: bool | None = None,
     divergence_requires_grad: bool | None = None,
+    checkpoint_layers: bool = False,
 ) -> TokenSignals:
     """Score ``B`` responses under the student prompts and the teacher prompts.
 
@@ -213,6 +226,9 @@ def token_signals(
             recomputation stops before them (non-reentrant checkpointing stops once every
             saved tensor is back): a policy-gradient update that only reads the divergence as
             a signal (GEAR's fused credit) does not pay the teacher's LM head again.
+        checkpoint_layers: with ``student_requires_grad``, run the student's backbone with
+            every decoder layer checkpointed (module docstring): activation memory of one
+            ``[tokens, H]`` tensor per layer, for one more backbone forward in the backward.
 
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
@@ -244,7 +260,8 @@ def token_signals(
     with torch.no_grad():
         teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows, share_teacher)
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
-        student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student)
+        student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student,
+                                            checkpoint_layers and student_requires_grad)
         student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
             _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
             (temperature, estimator, topk, divergence_grad), chunk_size, student_requires_grad,
@@ -283,6 +300,7 @@ def response_logprobs(
     chunk_size: int | None = None,
     requires_grad: bool = False,
     share_prompts: bool | None = None,
+    checkpoint_layers: bool = False,
 ) -> ResponseScores:
     """One side of :func:`token_signals`: the sampled tokens' log-probs and the entropy of
     ``B`` responses after their prompts, with the same alignment, chunking, checks and memory
@@ -291,7 +309,8 @@ def response_logprobs(
 
     Args and shapes as in :func:`token_signals` (``requires_grad`` is its
     ``student_requires_grad``; ``share_prompts=None`` shares repeated prompts when
-    ``requires_grad`` is False). Returns :class:`ResponseScores`.
+    ``requires_grad`` is False; ``checkpoint_layers`` acts with ``requires_grad``). Returns
+    :class:`ResponseScores`.
     """
     backbone, head = _model_parts(model)
     _batch_size(prompt_ids=prompt_ids, response_ids=response_ids)
@@ -302,7 +321,8 @@ def response_logprobs(
     chunk_size = _check_chunk_size(chunk_size, head.out_features)
     share = _share_prompts(share_prompts, prompts, requires_grad=requires_grad)
     with torch.enable_grad() if requires_grad else torch.no_grad():
-        hidden = _predicting_hidden(backbone, prompts, responses, rows, share)
+        hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
+                                    checkpoint_layers and requires_grad)
         logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,), (temperature,),
                                      chunk_size, requires_grad)
     return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
@@ -437,16 +457,25 @@ def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
-                       responses: list[list[int]], rows: _Rows, share_prompts: bool
-                       ) -> torch.Tensor:
+                       responses: list[list[int]], rows: _Rows, share_prompts: bool,
+                       checkpoint_layers: bool = False) -> torch.Tensor:
     """Final hidden states ``[N, H]`` at the positions that predict each packed response token.
 
     Runs the backbone on ``prompt + response`` for every example, right-padded, positions
     ``0..len-1`` per row. Packed row ``n`` is example ``b``'s position ``P_b + t - 1``. With
-    ``share_prompts``, :func:`_shared_prompt_hidden` computes the same states.
+    ``share_prompts``, :func:`_shared_prompt_hidden` computes the same states. With
+    ``checkpoint_layers``, every decoder layer runs checkpointed (:func:`_checkpointed_layers`).
     """
-    if share_prompts:
-        return _shared_prompt_hidden(backbone, prompts, responses, rows)
+    with _checkpointed_layers(backbone, checkpoint_layers):
+        if share_prompts:
+            return _shared_prompt_hidden(backbone, prompts, responses, rows, checkpoint_layers)
+        return _full_pass_hidden(backbone, prompts, responses, rows)
+
+
+def _full_pass_hidden(backbone: nn.Module, prompts: list[list[int]],
+                      responses: list[list[int]], rows: _Rows) -> torch.Tensor:
+    """:func:`_predicting_hidden` without shared prompts: one right-padded ``prompt + response``
+    batch."""
     sequences = [p + r for p, r in zip(prompts, responses, strict=True)]
     batch, length = len(sequences), max(len(s) for s in sequences)
     input_ids = torch.zeros(batch, length, dtype=torch.long)
@@ -464,7 +493,8 @@ def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
 
 
 def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
-                          responses: list[list[int]], rows: _Rows) -> torch.Tensor:
+                          responses: list[list[int]], rows: _Rows,
+                          checkpointed: bool = False) -> torch.Tensor:
     """:func:`_predicting_hidden`'s ``[N, H]`` states with each distinct prompt run once.
 
     For each prompt length ``P``: the ``G`` distinct prompts of that length run as one ``[G, P]``
@@ -484,7 +514,8 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
     for prompt_length, bucket in by_length.items():
         local = {distinct[prompt]: i for i, prompt in enumerate(bucket)}
         members = [b for b, p in enumerate(prompt_of) if p in local]
-        cache = DynamicCache(config=cast(PreTrainedConfig, backbone.config))
+        config = cast(PreTrainedConfig, backbone.config)
+        cache = _PrefixCache(config) if checkpointed else DynamicCache(config=config)
         prompt_hidden = backbone(
             input_ids=torch.tensor(bucket, dtype=torch.long, device=device),
             position_ids=torch.arange(prompt_length, device=device).expand(len(bucket), -1),
@@ -497,12 +528,16 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
             input_ids = torch.zeros(len(members), width, dtype=torch.long)
             for row, b in enumerate(members):
                 input_ids[row, : len(responses[b]) - 1] = torch.tensor(responses[b][:-1])
-            cache.batch_select_indices(which)
+            if isinstance(cache, _PrefixCache):
+                prefix: DynamicCache = cache.selected(which)
+            else:
+                cache.batch_select_indices(which)
+                prefix = cache
             response_hidden = backbone(
                 input_ids=input_ids.to(device),
                 position_ids=torch.arange(prompt_length, prompt_length + width,
                                           device=device).expand(len(members), -1),
-                past_key_values=cache, use_cache=True,
+                past_key_values=prefix, use_cache=True,
             ).last_hidden_state  # [M, R - 1, H]
             hidden = torch.cat([hidden, response_hidden], dim=1)  # [M, R, H]
         states.append(nn.functional.pad(hidden, (0, 0, 0, length - hidden.shape[1])))
@@ -511,6 +546,71 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
     slot[examples] = torch.arange(len(prompts))
     flat = slot.to(device)[rows.example] * length + rows.position
     return torch.cat(states).reshape(len(prompts) * length, -1).index_select(0, flat)
+
+
+class _PrefixCache(DynamicCache):
+    """A KV cache for checkpointed layers (module docstring): a layer's ``update`` stores only
+    the first time (the prompt pass's forward; its recomputation in the backward gets its own
+    states back, unstored), and a :meth:`selected` copy is read-only (``prefix + new`` returned,
+    nothing appended), so a recomputed layer sees what it saw in the forward. Full-attention
+    layers only."""
+
+    def __init__(self, config: PreTrainedConfig, read_only: bool = False) -> None:
+        super().__init__(config=config)
+        if any(type(layer) is not DynamicLayer for layer in self.layers):
+            raise ValueError(
+                "checkpoint_layers with shared prompts needs full-attention layers (no sliding "
+                "window); set share_prompts=False (loss.share_prompts=false) for this model")
+        self.config, self.read_only = config, read_only
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = cast(DynamicLayer, self.layers[layer_idx])
+        if self.read_only:
+            keys, values = self._states(layer_idx)
+            return (torch.cat([keys, key_states], dim=-2),
+                    torch.cat([values, value_states], dim=-2))
+        if layer.get_seq_length() > 0:  # the prompt pass recomputed in the backward
+            return key_states, value_states
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+    def _states(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = cast(DynamicLayer, self.layers[layer_idx])
+        return cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
+
+    def selected(self, index: torch.Tensor) -> _PrefixCache:
+        """A read-only cache of rows ``index`` ``[M]`` of this one (graph kept)."""
+        out = _PrefixCache(self.config, read_only=True)
+        for layer_idx, mine in enumerate(out.layers):
+            keys, values = self._states(layer_idx)
+            mine.lazy_initialization(keys, values)
+            cast(DynamicLayer, mine).keys = keys.index_select(0, index)
+            cast(DynamicLayer, mine).values = values.index_select(0, index)
+        return out
+
+
+@contextlib.contextmanager
+def _checkpointed_layers(backbone: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, each of ``backbone.layers`` runs under non-reentrant
+    :func:`torch.utils.checkpoint.checkpoint` (``enabled``; otherwise nothing changes)."""
+    if not enabled:
+        yield
+        return
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError("checkpoint_layers needs a backbone with its decoder layers at "
+                         f".layers (Llama, Qwen2, Qwen3); {type(backbone).__name__} has none")
+    own = [layer.__dict__.get("forward") for layer in layers]
+    try:
+        for layer in layers:
+            layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        yield
+    finally:
+        for layer, forward in zip(layers, own, strict=True):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
 
 
 # ---------------------------------------------------------------------------------------------

@@ -167,6 +167,13 @@ class LossConfig:
             come from that forward too. An estimator that reads student signals (GEAR) then
             gets its advantages between the forward and the backward, which needs the batch in
             one micro-batch (``micro_batch_tokens``); otherwise the scoring pass runs.
+        checkpoint_layers: run the update's forward with every decoder layer checkpointed
+            (the backward recomputes each layer from its input: activation memory of one
+            ``[tokens, hidden]`` tensor per layer, for one more forward, about a third more
+            update compute); the same values and gradients. ``None`` (default): on for agent
+            and environment tasks, whose multi-turn rows fill every micro-batch's token budget
+            and whose update held most of the run's memory, off for single-turn tasks, whose
+            whole step fits one micro-batch.
     """
 
     clip_low: float = 0.2
@@ -181,6 +188,7 @@ class LossConfig:
     micro_batch_size: int | None = None
     share_prompts: bool = True
     fuse_scoring: bool = True
+    checkpoint_layers: bool | None = None
 
     def validate(self, name: str = "loss") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""

@@ -162,6 +162,10 @@ class Trainer:
 
                 self.reference = copy.deepcopy(self.model).requires_grad_(False)
             self.distill = self.estimator.self_distillation or config.loss.opsd_coef > 0
+            # None: multi-turn tasks (agent, environment) checkpoint their long rows' layers
+            self.checkpoint_layers = (
+                config.loss.checkpoint_layers if config.loss.checkpoint_layers is not None
+                else self.task.agent is not None or self.task.env is not None)
             self.needs_teacher = self.distill or self.estimator.needs_teacher
             template = ({} if config.signals.answer_template is None
                         else {"answer_template": config.signals.answer_template})
@@ -521,10 +525,12 @@ class Trainer:
                                     responses,
                                     estimator=cast(DivergenceEstimator, signals.divergence),
                                     topk=signals.topk, student_requires_grad=True,
-                                    divergence_requires_grad=self.distill, **common)
+                                    divergence_requires_grad=self.distill,
+                                    checkpoint_layers=self.checkpoint_layers, **common)
                 return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
                         "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs}
-            own = response_logprobs(model, prompts, responses, requires_grad=True, **common)
+            own = response_logprobs(model, prompts, responses, requires_grad=True,
+                                    checkpoint_layers=self.checkpoint_layers, **common)
         return {"logprobs": own.logprobs, "entropy": own.entropy}
 
     @staticmethod
