@@ -375,3 +375,98 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
         assert t.turns[0].observation == "\n<result>\n42\n</result>\n"
         assert t.num_observation_tokens == len(t.turns[0].observation.encode())
     assert rollout_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
+
+
+# --- resuming an episode from a prefix (the credit check's continuations) -------------------
+class Replay:
+    """A generate function that continues every input as one finished episode did: the tokens
+    after the input, up to the budget (the loop cuts the turn itself)."""
+
+    def __init__(self, episodes: list[list[int]]) -> None:
+        self.episodes = episodes
+        self.calls: list[int] = []
+
+    def __call__(self, prompts, stop_strings, max_new_tokens):
+        self.calls.append(len(prompts))
+        rows = []
+        for ids, cap in zip(prompts, max_new_tokens, strict=True):
+            [full] = [e for e in self.episodes if e[:len(ids)] == ids]
+            rows.append(full[len(ids):len(ids) + cap])
+        return rows
+
+
+def test_resuming_from_every_prefix_rebuilds_the_episode(tokenizer, sandbox):
+    """Continue an episode from each of its token prefixes, all cuts in one batch (rows at
+    different turns, some inside a turn): with the episode's own continuation, every resumed row
+    is that episode again, tokens, masks, turns, spans, texts and finish reason, and the calls
+    after the cut run again in the sandbox."""
+    from gear_rl.agent import EpisodePrefix
+
+    script = Scripted(tokenizer, {
+        "Q1\n": ["First <python>print(2 + 3)</python>", "Then <python>print(5 * 4)</python>",
+                 f"So 20.{EOS}"],
+        "Q2\n": ["Bad <python>print(1 +</python>", f"Fixed: 7.{EOS}"],  # a failing call
+        "Q3\n": ["A very long turn that runs past its cap of tokens"],
+    })
+    config = AgentConfig(max_turns=3, max_new_tokens_per_turn=40, max_response_tokens=200)
+    executor = PythonExecutor(sandbox)
+    originals = run_agent(script.prompt_ids(), script, tokenizer, config, executor)
+    assert [t.finish_reason for t in originals] == ["answer", "answer", "length"]
+    assert originals[0].num_tool_calls == 2 and originals[1].num_tool_calls == 1
+    assert "SyntaxError" in originals[1].turns[0].observation
+    replay = Replay([t.prompt_ids + t.response_ids for t in originals])
+    prompts, prefixes, expected = [], [], []
+    for original in originals:
+        for cut in range(len(original.response_ids)):
+            if cut and not original.loss_mask[cut]:
+                continue  # inside an observation: not a place an episode is continued from
+            prompts.append(original.prompt_ids)
+            prefixes.append(EpisodePrefix(original.response_ids[:cut],
+                                          original.loss_mask[:cut], original.turn_ids[:cut]))
+            expected.append(original)
+    resumed = run_agent(prompts, replay, tokenizer, config, executor, prefixes=prefixes)
+    assert len(resumed) == len(expected) > 100
+    for got, want, prefix in zip(resumed, expected, prefixes, strict=True):
+        where = f"cut {len(prefix.response_ids)} of {tokenizer.decode(want.prompt_ids)!r}"
+        assert got.response_ids == want.response_ids, where
+        assert got.loss_mask == want.loss_mask and got.turn_ids == want.turn_ids, where
+        assert got.observation_spans == want.observation_spans, where
+        assert got.finish_reason == want.finish_reason, where
+        assert [t.text for t in got.turns] == [t.text for t in want.turns], where
+        assert [t.observation for t in got.turns] == [t.observation for t in want.turns], where
+        assert got.policy_text == want.policy_text and got.final_text == want.final_text
+    assert max(replay.calls) == len(prompts)  # one batch: rows at different turns together
+
+
+def test_a_resumed_turn_gets_the_budget_that_was_left(tokenizer, sandbox):
+    """A prefix inside a turn: the continuation may only have the turn's remaining tokens, and
+    a prefix whose episode already spent its response budget or its turns ends at once."""
+    from gear_rl.agent import EpisodePrefix
+
+    script = Scripted(tokenizer, {"Q\n": ["x" * 30]})
+    config = AgentConfig(max_turns=2, max_new_tokens_per_turn=12, max_response_tokens=40)
+    ids = tokenizer.encode("abcde", add_special_tokens=False)
+    [t] = run_agent(script.prompt_ids(), script, tokenizer, config, PythonExecutor(sandbox),
+                    prefixes=[EpisodePrefix(ids, [1] * 5, [0] * 5)])
+    assert script.requested_budgets == [[12 - 5]]
+    assert t.response_ids[:5] == ids and len(t.response_ids) == 12
+    assert t.finish_reason == "length"
+    full = EpisodePrefix([65] * 40, [1] * 40, [0] * 40)
+    never = Scripted(tokenizer, {"Q\n": []})
+    [t] = run_agent(never.prompt_ids(), never, tokenizer, config, PythonExecutor(sandbox),
+                    prefixes=[full])
+    assert t.finish_reason == "token_budget" and never.batch_sizes == []
+
+
+@pytest.mark.parametrize(("ids", "mask", "turns", "match"), [
+    ([1, 2], [1], [0, 0], "must match"),
+    ([1, 2], [1, 2], [0, 0], "only 0 and 1"),
+    ([1, 2], [0, 1], [0, 1], "starts with a policy turn"),
+    ([1, 2, 3], [1, 0, 1], [0, 0, 0], "expected 1"),
+    ([1, 2], [1, 1], [0, 1], "expected 0"),
+])
+def test_bad_episode_prefixes_are_refused(ids, mask, turns, match):
+    from gear_rl.agent import EpisodePrefix
+
+    with pytest.raises(ValueError, match=match):
+        EpisodePrefix(ids, mask, turns)

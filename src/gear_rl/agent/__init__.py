@@ -12,6 +12,7 @@ Importing this package does not import torch.
 from gear_rl.agent.loop import (
     AgentConfig,
     AgentLimits,
+    EpisodePrefix,
     GenerateFn,
     PythonExecutor,
     ToolExecutor,
@@ -45,6 +46,7 @@ __all__ = [
     "PYTHON_TOOL_INSTRUCTIONS",
     "AgentConfig",
     "AgentLimits",
+    "EpisodePrefix",
     "GenerateFn",
     "ParsedTurn",
     "PythonExecutor",

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentConfig",
     "AgentLimits",
+    "EpisodePrefix",
     "GenerateFn",
     "PythonExecutor",
     "ToolExecutor",
@@ -303,6 +304,79 @@ def _observation_ids(content: str, fmt: ToolCallFormat, tokenizer: Any, cap: int
     return text, tokenizer.encode(text, add_special_tokens=False)
 
 
+@dataclass
+class EpisodePrefix:
+    """The first tokens of a multi-turn response, to continue it from (``run_agent(prefixes=)``):
+    what a Monte-Carlo value of a mid-episode prefix needs (``gear_rl.credit_check``).
+
+    Attributes:
+        response_ids: the response's first ``b`` tokens (policy turns and observations).
+        loss_mask: 1 for a policy token, 0 for an observation token, aligned with them.
+        turn_ids: each token's turn (an observation carries the turn whose call it answers).
+
+    A prefix that ends on a policy token ends inside that turn: the turn is continued (its call,
+    if it writes one, is parsed from the prefix's part and the continuation together). One that
+    ends on an observation token (or is empty) ends with that observation complete: the next
+    turn starts there.
+    """
+
+    response_ids: list[int]
+    loss_mask: list[int]
+    turn_ids: list[int]
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if len(self.loss_mask) != n or len(self.turn_ids) != n:
+            raise ValueError(f"EpisodePrefix: {n} response ids, {len(self.loss_mask)} mask "
+                             f"entries and {len(self.turn_ids)} turn ids (all must match)")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("EpisodePrefix.loss_mask must hold only 0 and 1")
+        turn, observed = 0, False
+        for position, (mask, turn_id) in enumerate(zip(self.loss_mask, self.turn_ids,
+                                                       strict=True)):
+            expected = turn + 1 if observed and mask == 1 else turn
+            if turn_id != expected:
+                raise ValueError(
+                    f"EpisodePrefix: token {position} has turn id {turn_id}, expected "
+                    f"{expected} (turns count from 0; a turn's policy tokens come before the "
+                    "observation that answers it, the next turn after it)")
+            if mask == 0 and position == 0:
+                raise ValueError("EpisodePrefix: a response starts with a policy turn, not an "
+                                 "observation")
+            turn, observed = turn_id, mask == 0
+
+
+def _resume(prompt: list[int], prefix: EpisodePrefix, tokenizer: Any, stops: set[int],
+            fmt: ToolCallFormat) -> tuple[Trajectory, list[int], int]:
+    """The episode state at the end of ``prefix``: its complete turns (records rebuilt from
+    their tokens, as the loop would have made them), the policy tokens of an unfinished turn,
+    and the index of the turn to generate next."""
+    trajectory = Trajectory(prompt_ids=prompt)
+    pieces: list[tuple[int, int, list[int]]] = []  # (mask, turn, ids), runs of one kind
+    for token, mask, turn in zip(prefix.response_ids, prefix.loss_mask, prefix.turn_ids,
+                                 strict=True):
+        if pieces and pieces[-1][:2] == (mask, turn):
+            pieces[-1][2].append(int(token))
+        else:
+            pieces.append((mask, turn, [int(token)]))
+    partial: list[int] = []
+    turn = 0
+    for index, (mask, turn_id, ids) in enumerate(pieces):
+        if mask == 1 and index == len(pieces) - 1:  # the prefix ends inside this turn
+            partial, turn = ids, turn_id
+        elif mask == 1:
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            trajectory.turns.append(TurnRecord(text=text, parsed=parse_turn(text, fmt),
+                                               ended_by=_cut_turn(ids, tokenizer, stops,
+                                                                  fmt)[1]))
+            append_tokens(trajectory, ids, turn_id, policy=True)
+        else:
+            trajectory.turns[-1].observation = _decode(tokenizer, ids)
+            append_tokens(trajectory, ids, turn_id, policy=False)
+            turn = turn_id + 1
+    return trajectory, partial, turn
+
+
 def run_agent(
     prompts: Sequence[Sequence[int]],
     generate: GenerateFn,
@@ -311,6 +385,7 @@ def run_agent(
     executor: ToolExecutor | None = None,
     *,
     stop_ids: Sequence[int] | None = None,
+    prefixes: Sequence[EpisodePrefix | None] | None = None,
 ) -> list[Trajectory]:
     """Roll out one multi-turn trajectory per prompt.
 
@@ -322,9 +397,13 @@ def run_agent(
         config: limits and format.
         executor: runs the calls; required unless ``config.stop_after_tool_call``.
         stop_ids: end-of-turn token ids (default: the tokenizer's ``eos_token_id``).
+        prefixes: ``B`` entries (None: start afresh): continue row ``i``'s episode from
+            ``prefixes[i]`` (:class:`EpisodePrefix`) under the same limits, as if the loop had
+            produced those tokens itself. Each round then generates, for every live row, the
+            rest of its turn; rows may be at different turns.
 
     Returns:
-        ``B`` trajectories, in prompt order.
+        ``B`` trajectories, in prompt order (a resumed one holds its prefix's tokens first).
     """
     fmt = config.format
     if not config.stop_after_tool_call and executor is None:
@@ -332,27 +411,48 @@ def run_agent(
     prompt_lists = [list(map(int, p)) for p in prompts]
     if any(len(p) == 0 for p in prompt_lists):
         raise ValueError("prompts: every prompt needs at least one token")
+    if prefixes is not None and len(prefixes) != len(prompt_lists):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(prompt_lists)} prompts")
     if stop_ids is None:
         eos = getattr(tokenizer, "eos_token_id", None)
         stop_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
     stops = set(map(int, stop_ids))
     trajectories = [Trajectory(prompt_ids=p) for p in prompt_lists]
-    active = list(range(len(trajectories)))
-    for turn in range(config.max_turns):
-        if not active:
-            break
+    partial: list[list[int]] = [[] for _ in prompt_lists]  # an unfinished turn's tokens
+    turn_of = [0] * len(prompt_lists)  # the turn each row generates next
+    for i, prefix in enumerate(prefixes or []):
+        if prefix is not None:
+            trajectories[i], partial[i], turn_of[i] = _resume(prompt_lists[i], prefix,
+                                                              tokenizer, stops, fmt)
+    active = []
+    for i, trajectory in enumerate(trajectories):
+        if turn_of[i] >= config.max_turns:  # resumed after the last allowed turn's observation
+            trajectory.finish_reason = "max_turns"
+        elif len(trajectory.response_ids) + len(partial[i]) >= config.max_response_tokens:
+            trajectory.finish_reason = "token_budget"
+        else:
+            active.append(i)
+    while active:
         budgets = [min(config.max_new_tokens_per_turn,
                        config.max_response_tokens - len(trajectories[i].response_ids))
-                   for i in active]
-        inputs = [trajectories[i].prompt_ids + trajectories[i].response_ids for i in active]
-        generated = generate(inputs, [fmt.stop], budgets)
-        if len(generated) != len(active):
-            raise ValueError(f"generate returned {len(generated)} rows for {len(active)} prompts")
+                   - len(partial[i]) for i in active]
+        generating = [k for k, budget in enumerate(budgets) if budget > 0]
+        generated: list[list[int]] = [[] for _ in active]
+        if generating:
+            inputs = [trajectories[active[k]].prompt_ids + trajectories[active[k]].response_ids
+                      + partial[active[k]] for k in generating]
+            new = generate(inputs, [fmt.stop], [budgets[k] for k in generating])
+            if len(new) != len(generating):
+                raise ValueError(f"generate returned {len(new)} rows for {len(generating)} "
+                                 "prompts")
+            for k, ids in zip(generating, new, strict=True):
+                generated[k] = list(map(int, ids))[:budgets[k]]
         pending: list[tuple[int, ToolCall]] = []
         still_active = []
-        for i, new_ids, budget in zip(active, generated, budgets, strict=True):
-            trajectory = trajectories[i]
-            ids, ended_by = _cut_turn(list(map(int, new_ids))[:budget], tokenizer, stops, fmt)
+        for i, new_ids in zip(active, generated, strict=True):
+            trajectory, turn = trajectories[i], turn_of[i]
+            ids, ended_by = _cut_turn(partial[i] + new_ids, tokenizer, stops, fmt)
+            partial[i] = []
             text = tokenizer.decode(ids, skip_special_tokens=True)
             parsed = parse_turn(text, fmt)
             record = TurnRecord(text=text, parsed=parsed, ended_by=ended_by)
@@ -398,10 +498,12 @@ def run_agent(
                 trajectory.finish_reason = "token_budget"  # no room to answer after it
                 continue
             record.observation = text
-            append_tokens(trajectory, obs_ids, turn, policy=False)
-            active.append(i)
-    for i in active:  # the loop ran out of turns right after an observation
-        trajectories[i].finish_reason = "max_turns"
+            append_tokens(trajectory, obs_ids, turn_of[i], policy=False)
+            turn_of[i] += 1
+            if turn_of[i] < config.max_turns:
+                active.append(i)
+            else:  # the loop ran out of turns right after an observation
+                trajectory.finish_reason = "max_turns"
     return trajectories
 
 
