@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import os
 import sys
 import time
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
 __all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "evaluate_model",
-           "open_run", "resolve_device", "resume_config", "run_evaluation", "run_path",
-           "sandbox_secrets", "task_sandbox"]
+           "open_run", "release_free_memory", "resolve_device", "resume_config",
+           "run_evaluation", "run_path", "sandbox_secrets", "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,6 +52,23 @@ def bf16_is_native(device: torch.device) -> bool:
         except (AttributeError, RuntimeError):
             return False
     return False
+
+
+def release_free_memory() -> None:
+    """Return the C heap's free pages to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Between a step's phases most of the previous phase's tensors are freed, but glibc keeps
+    their pages for reuse, and pages scattered between live blocks are never reused for the
+    next phase's differently-sized tensors: a tool-math run's resident memory grew by about
+    0.6 GB a step that way. Trimming between phases (tens of milliseconds) keeps each phase's
+    peak at what is live plus what the phase itself allocates."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return
+    trim(0)
 
 
 def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -> AgentLimits:

@@ -66,6 +66,7 @@ from gear_rl.train.runtime import (
     build_runtime,
     evaluate_model,
     open_run,
+    release_free_memory,
     resume_config,
     run_evaluation,
     run_path,
@@ -610,6 +611,7 @@ class Trainer:
     def _eval_record(self, step: int) -> dict[str, Any]:
         started, cpu_started = time.perf_counter(), time.process_time()
         result = self.evaluate()
+        release_free_memory()
         k = self.config.eval.k
         if self.config.eval.records:
             from gear_rl.train.evaluate import write_eval_records
@@ -629,6 +631,7 @@ class Trainer:
         """One full training step; returns its metrics record and what it computed."""
         timings, started, cpu_started = {}, time.perf_counter(), time.process_time()
         batch = self.rollout(step)
+        release_free_memory()  # the sampler's KV caches
         timings["time/rollout"] = time.perf_counter() - started
         mark = time.perf_counter()
         fused = self._fused_mode(batch)
@@ -638,7 +641,9 @@ class Trainer:
         advantages = None if fused == "inline" else self.credit(batch, scores, step)
         timings["time/credit"] = time.perf_counter() - mark
         mark = time.perf_counter()
+        release_free_memory()  # the scoring pass's buffers
         update, advantages = self.update(batch, scores, advantages, step, fused=fused)
+        release_free_memory()  # activations and gradients
         timings["time/update"] = time.perf_counter() - mark
         if "time/credit" in update:  # the inline credit ran inside the update
             timings["time/credit"] = update.pop("time/credit")
