@@ -34,6 +34,7 @@ from gear_rl.credit_check import (
 )
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.tasks import AgentSpec, Problem, Task
+from gear_rl.tasks.base import EnvSpec
 from gear_rl.train import load_config
 from gear_rl.train.rollout import sample_responses
 
@@ -243,10 +244,12 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no intact checkpoint"):
         run_check_config(run)
     problems = _problems(4)
-    agent = Task(name="tools", train=problems[:2], eval=problems[2:], scorer=lambda p, t: 0.0,
-                 extract=lambda t: t, agent=AgentSpec())
-    with pytest.raises(ValueError, match=r"agent task.*resume mid-episode"):
-        check_task(agent)
+    game = Task(name="game", train=problems[:2], eval=problems[2:], scorer=lambda p, t: 0.0,
+                extract=lambda t: t, env=EnvSpec(make=lambda: None))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"environment task.*single-turn and agent"):
+        check_task(game)
+    check_task(Task(name="tools", train=problems[:2], eval=problems[2:],
+                    scorer=lambda p, t: 0.0, extract=lambda t: t, agent=AgentSpec()))
     blind = Task(name="blind", train=problems[:2], eval=problems[2:],
                  scorer=None, extract=lambda t: t)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="has no scorer"):
@@ -419,3 +422,116 @@ def test_cli_on_a_trained_run(tmp_path: Path, capsys) -> None:
     assert data["settings"]["checkpoint"].endswith("step-000001")
     viewer = _viewer(build_report(run_dir).html.read_text())
     assert viewer["steps"][-1]["label"] == "credit check (checkpoint step 1)"
+
+
+# ------------------------------------------------------------------ (f) agent (tool) tasks
+def test_episode_values_bookkeeping() -> None:
+    """``estimate_episode_values``: V at the end is the episode's own reward; every other
+    boundary is the mean of its continuations' rewards, each continued from exactly its prefix;
+    how many cuts go into one call changes nothing (one stream per replicate, drawn in order);
+    a boundary before an observation token is refused."""
+    from gear_rl.credit_check.values import estimate_episode_values
+
+    response = [5, 6, 7, 8, 9, 10]
+    mask = [1, 1, 0, 0, 1, 1]
+    turns = [0, 0, 0, 0, 1, 1]
+    seen: list[int] = []
+
+    def continue_fn(prefixes, generator):
+        seen.extend(len(p.response_ids) for p in prefixes)
+        draws = torch.rand(len(prefixes), generator=generator).tolist()
+        return [len(p.response_ids) + d for p, d in zip(prefixes, draws, strict=True)], \
+            len(prefixes)
+
+    bounds = [0, 1, 4, 5, 6]
+    whole = estimate_episode_values(continue_fn, response, mask, turns, 0.25, bounds,
+                                    samples=3, seeds=[7, 8])
+    assert seen == [b for b in bounds[:-1] for _ in range(3)] * 2
+    seen.clear()
+    cut = estimate_episode_values(continue_fn, response, mask, turns, 0.25, bounds, samples=3,
+                                  seeds=[7, 8], batch_size=3)
+    assert cut.rewards == whole.rewards and cut.tokens == whole.tokens == 4 * 3 * 2
+    assert whole.terminal == [False, False, False, False, True]
+    assert whole.rewards[0][-1] == [0.25] and whole.stderr(0)[-1] == 0.0
+    for j, b in enumerate(bounds[:-1]):
+        assert all(b <= r < b + 1 for r in whole.rewards[1][j])
+    with pytest.raises(ValueError, match="before observation tokens"):
+        estimate_episode_values(continue_fn, response, mask, turns, 0.0, [0, 2, 6], samples=1)
+
+
+def _call_heavy_model() -> tuple[torch.nn.Module, object, Task]:
+    """The tiny model with an LM head that favours five characters (``a b 1 +`` and space:
+    their rows random, every other row 0), and a Python-tool task whose calls open with
+    ``a`` and close with ``b``, so that its episodes really call the tool (the sandbox answers
+    ``1+`` with a SyntaxError, ``1+1`` with nothing) and run several turns. Reward: the last
+    turn's text has an even length."""
+    from gear_rl.agent import ToolCallFormat
+
+    model, tokenizer = _tiny()
+    with torch.no_grad():
+        head = torch.zeros_like(model.lm_head.weight)
+        draw = torch.Generator().manual_seed(3)
+        for char in "ab1+ ":
+            [token] = tokenizer.encode(char, add_special_tokens=False)
+            head[token] = torch.randn(head.shape[1], generator=draw) * 0.6
+    model.lm_head.weight = torch.nn.Parameter(head)
+    fmt = ToolCallFormat(kind="python", open_tag="a", close_tag="b",
+                         observation_template="\n[out]{output}[/out]\n")
+    problems = _problems(6)
+    task = Task(name="call-heavy", train=problems[:4], eval=problems[4:],
+                scorer=lambda problem, text: float(len(text) % 2 == 0),
+                extract=lambda text: text,
+                agent=AgentSpec(tool="python", tool_format=fmt,  # type: ignore[arg-type]
+                                max_turns=3, score_text="final"))
+    return model, tokenizer, task
+
+
+def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
+    """The credit check on an agent task with the real tiny model and the real sandbox:
+    episodes with tool calls and observations; the truth's boundaries sit before policy
+    tokens only (never inside an observation), some of them in later turns; V at the end is
+    the episode's reward; the continuations finish the episode through more tool calls; the
+    scores and the outputs come out; a check cut short and resumed gives the same numbers."""
+    model, tokenizer, task = _call_heavy_model()
+    config = load_config(None, [*SMALL, "agent.max_new_tokens_per_turn=12",
+                                "agent.max_response_tokens=72", "agent.sandbox_workers=2"])
+
+    def run(out: Path, **overrides):
+        settings = {"groups": 2, "per_group": 2, "continuations": 3, "bootstrap": 50,
+                    "estimators": ["grpo", "gear"], "progress": False, "plot_trajectories": 1,
+                    "mixed_only": False, "every": 2}
+        check = CreditCheckConfig(**{**settings, **overrides})
+        return credit_check(config, check, out, model=model, tokenizer=tokenizer, task=task)
+
+    whole = run(tmp_path / "whole")
+    state = json.loads((tmp_path / "whole" / "trajectories.json").read_text())
+    rows = {r["row"]: r for r in state["rows"]}
+    assert all("policy_mask" in r and "turn_ids" in r for r in rows.values())
+    assert any(0 in r["policy_mask"] for r in rows.values()), "no episode called the tool"
+    values = [json.loads(line) for line in
+              (tmp_path / "whole" / "values.jsonl").read_text().splitlines()]
+    assert len(values) == whole.data["counts"]["truth_done"] >= 3
+    later_turn = False
+    for record in values:
+        row = rows[record["row"]]
+        mask, length = row["policy_mask"], len(row["response_ids"])
+        assert record["boundaries"][-1] == length and record["terminal"][-1]
+        assert record["rewards"][0][-1] == [row["reward"]]
+        for b in record["boundaries"][:-1]:
+            assert mask[b] == 1, (record["row"], b)
+            later_turn |= row["turn_ids"][b] > 0
+        assert all(len(cut) == 3 for cut, end in zip(record["rewards"][0], record["terminal"],
+                                                      strict=True) if not end)
+    assert later_turn, "no boundary after an observation"
+    assert whole.data["scores"]["rows"][0]["label"] == "grpo"
+    assert "gear" in {r["label"] for r in whole.data["scores"]["rows"]}
+    partial = run(tmp_path / "cut", budget=1)
+    assert not partial.complete
+    resumed = run(tmp_path / "cut")
+    assert resumed.data["scores"] == whole.data["scores"]
+
+    def truth(folder: str) -> list[dict]:
+        return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                for line in (tmp_path / folder / "values.jsonl").read_text().splitlines()]
+
+    assert truth("cut") == truth("whole")

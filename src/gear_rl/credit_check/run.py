@@ -7,7 +7,10 @@ truth, score every applicable estimator and the variants asked for, write the re
    as in a training step. Saved once to ``trajectories.json``.
 2. **Truth.** For ``per_group`` trajectories of each mixed group: ``V`` at the chosen
    boundaries from ``continuations`` continuations per boundary and replicate
-   (:func:`gear_rl.credit_check.values.estimate_prefix_values`). Each trajectory's record is
+   (:func:`gear_rl.credit_check.values.estimate_prefix_values`; for an agent task, whose
+   boundaries sit before policy tokens only,
+   :func:`~gear_rl.credit_check.values.estimate_episode_values`: the episode loop resumed from
+   each prefix, the rest of its turn, tool calls and later turns). Each trajectory's record is
    appended to ``values.jsonl`` as it completes; a restart skips the recorded ones, and every
    trajectory's random streams depend only on the seed and its row, so a resumed check gives
    the uninterrupted one's numbers.
@@ -18,12 +21,12 @@ truth, score every applicable estimator and the variants asked for, write the re
 4. **Scores** (:mod:`gear_rl.credit_check.scores`) and the outputs
    (:mod:`gear_rl.credit_check.output`).
 
-Single-turn tasks only: an agent task's episode would have to be continued from a prefix that
-may end inside a turn, which the episode loop cannot resume (see :func:`check_task`).
+Single-turn and agent tasks; environment tasks are refused (:func:`check_task`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -39,6 +42,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from gear_rl.agent.loop import EpisodePrefix
 from gear_rl.credit import CreditBatch, Estimator, estimator_names, gear_segments, get_estimator
 from gear_rl.credit.config import OutcomeConfig
 from gear_rl.credit.grpo import outcome_advantages
@@ -56,6 +60,7 @@ from gear_rl.credit_check.values import (
     PrefixValues,
     RewardFn,
     choose_boundaries,
+    estimate_episode_values,
     estimate_prefix_values,
 )
 from gear_rl.rundir import RunDir, append_jsonl, atomic_write_text, read_jsonl
@@ -64,6 +69,7 @@ from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
 from gear_rl.train.episodes import collect, decode_response
+from gear_rl.train.runtime import agent_limits
 
 __all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
            "check_task", "credit_check", "plan_rows", "run_check_config", "task_reward_fn"]
@@ -88,22 +94,15 @@ def _seed(*parts: int) -> int:
 
 
 def check_task(task: Task) -> None:
-    """Refuse tasks the credit check cannot continue: environment tasks, agent (tool) tasks and
-    a task without a scorer, each with what is missing."""
+    """Refuse tasks the credit check cannot continue: environment tasks and a task without a
+    scorer, each with what is missing. Agent (tool) tasks are continued episode by episode
+    (:func:`~gear_rl.credit_check.values.estimate_episode_values`)."""
     if task.env is not None:
         raise ValueError(
             f"task {task.name!r} is an environment task: its outcome comes from the game, and "
             "continuing an episode from a prefix would need the environment's state at that "
             "token (an environment snapshot per boundary), which gear_rl.envs does not offer; "
-            "the credit check runs single-turn tasks")
-    if task.agent is not None:
-        raise ValueError(
-            f"task {task.name!r} is an agent task (tool calls): continuing its episode from a "
-            "prefix needs the episode loop (gear_rl.agent.run_agent, via "
-            "gear_rl.train.episodes.collect) to resume mid-episode: take the turns, "
-            "observations and token budget already spent, and a policy turn cut in the middle "
-            "(its tool call parsed from the prefix and the continuation together). The loop "
-            "starts episodes only, so the credit check runs single-turn tasks")
+            "the credit check runs single-turn and agent (tool) tasks")
     if not callable(getattr(task, "scorer", None)):
         raise ValueError(f"task {task.name!r} has no scorer (Task.scorer is "
                          f"{getattr(task, 'scorer', None)!r}): the truth is the expected score "
@@ -340,6 +339,9 @@ def _signals(runtime: Any, temperature: float, settings: SignalConfig,
         with runtime.autocast_context():
             sig = token_signals(runtime.model, [rows[i]["prompt_ids"] for i in chunk], teachers,
                                 [rows[i]["response_ids"] for i in chunk],
+                                response_mask=[rows[i].get("policy_mask")
+                                               or [1] * len(rows[i]["response_ids"])
+                                               for i in chunk],
                                 temperature=temperature,
                                 estimator=cast(Any, settings.divergence), topk=settings.topk,
                                 chunk_size=settings.chunk_size)
@@ -395,19 +397,51 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
         prompts = [build_prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
         generator = torch.Generator(device=runtime.device).manual_seed(
             _seed(check.seed, 1, batch_index))
-        result = collect(task, problems, prompts, model=runtime.sampler,
-                         tokenizer=runtime.tokenizer, stop_ids=runtime.stop_ids,
-                         pad_id=runtime.pad_id, temperature=rollout.temperature,
-                         top_p=rollout.top_p, generator=generator,
-                         max_new_tokens=rollout.max_new_tokens, batch_size=rollout.batch_size)
+        result = collect(task, problems, prompts, **_collect_settings(runtime, config, task),
+                         generator=generator)
         for j, problem in enumerate(problems):
-            rows.append({
+            row = {
                 "row": len(rows), "batch": batch_index, "group": start + j // k,
                 "problem_index": indices[j // k], "problem_id": problem.id,
                 "prompt_ids": prompts[j], "response_ids": result.response_ids[j],
                 "finished": result.finished[j], "reward": float(result.rewards[j]),
-                "text": result.texts[j], "extracted": result.extracted[j]})
+                "text": result.texts[j], "extracted": result.extracted[j]}
+            if result.policy_masks is not None:  # an agent episode: observations are context
+                row["policy_mask"] = list(result.policy_masks[j])
+                row["turn_ids"] = list(cast(list, result.turn_ids)[j])
+            rows.append(row)
     return rows
+
+
+def _collect_settings(runtime: Any, config: TrainConfig, task: Task) -> dict[str, Any]:
+    """:func:`~gear_rl.train.episodes.collect`'s sampler, limits and sandbox, as the trainer's
+    rollout sets them."""
+    rollout = config.rollout
+    settings: dict[str, Any] = {
+        "model": runtime.sampler, "tokenizer": runtime.tokenizer, "stop_ids": runtime.stop_ids,
+        "pad_id": runtime.pad_id, "temperature": rollout.temperature, "top_p": rollout.top_p,
+        "max_new_tokens": rollout.max_new_tokens, "batch_size": rollout.batch_size}
+    if task.agent is not None:
+        settings.update(limits=agent_limits(config, task), sandbox=runtime.sandbox)
+    return settings
+
+
+def _episode_continuer(runtime: Any, config: TrainConfig, task: Task, problem: Problem,
+                       prompt: list[int]) -> Any:
+    """The :data:`~gear_rl.credit_check.values.ContinueFn` of one agent trajectory: its
+    episodes finished from prefixes by the trainer's episode loop, scored by the task."""
+    settings = _collect_settings(runtime, config, task)
+
+    def continue_fn(prefixes: list[EpisodePrefix], generator: torch.Generator
+                    ) -> tuple[list[float], int]:
+        result = collect(task, [problem] * len(prefixes), [prompt] * len(prefixes),
+                         generator=generator, prefixes=prefixes, **settings)
+        masks = cast(list, result.policy_masks)
+        tokens = sum(sum(mask[len(prefix.response_ids):])
+                     for mask, prefix in zip(masks, prefixes, strict=True))
+        return [float(r) for r in result.rewards], tokens
+
+    return continue_fn
 
 
 def _choose_truth(rows: list[dict[str, Any]], check: CreditCheckConfig) -> list[int]:
@@ -517,8 +551,10 @@ def credit_check(
     out = Path(out)
     folder = _open_out(out)
     try:
+        # the sandbox of an agent task never sees the check's folder (its files hold the
+        # references) nor the folders beside it
         runtime = build_runtime(config, model=model, tokenizer=tokenizer, task=task,
-                                checkpoint=checkpoint)
+                                checkpoint=checkpoint, run_dir=out)
         try:
             return _run(config, check, out, runtime, task, chosen, pool, rows_plan, skipped,
                         checkpoint, checkpoint_step, write_outputs)
@@ -542,7 +578,8 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                     key=len))
          for p in (pool[i] for i in chosen)),
         getattr(runtime.model.config, "max_position_embeddings", None),
-        new_tokens=rollout.max_new_tokens, source=task.name)
+        new_tokens=(rollout.max_new_tokens if task.agent is None
+                    else agent_limits(config, task).max_response_tokens), source=task.name)
     segment_estimator, segment_config = _segment_config(config)
     settings = {
         "model": config.model, "weights": _weights_fingerprint(runtime.model),
@@ -559,6 +596,8 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         "continuations": check.continuations, "replicates": check.replicates,
         "boundaries": check.boundaries, "every": check.every, "seed": check.seed,
     }
+    if task.agent is not None:
+        settings["agent_limits"] = dataclasses.asdict(agent_limits(config, task))
     if check.boundaries == "segments":
         settings["segments"] = {"estimator": segment_estimator.name,
                                 "config": repr(segment_config),
@@ -589,7 +628,8 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         truth_plan = [{"row": r, "boundaries": choose_boundaries(
             len(rows[r]["response_ids"]), every=check.every,
             segment_onsets=None if onsets is None
-            else onsets[r, :len(rows[r]["response_ids"])].tolist())} for r in truth_rows]
+            else onsets[r, :len(rows[r]["response_ids"])].tolist(),
+            mask=rows[r].get("policy_mask"))} for r in truth_rows]
         atomic_write_text(state_path, json.dumps(
             {"settings": settings, "rows": rows, "truth": truth_plan,
              "sample_seconds": sample_seconds}) + "\n")
@@ -622,14 +662,23 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                 break
             row = rows[index]
             mark = time.perf_counter()
-            values = estimate_prefix_values(
-                runtime.sampler, row["prompt_ids"], row["response_ids"], row["finished"],
-                plan["boundaries"], samples=check.continuations,
-                reward_fn=task_reward_fn(task, problems[index], runtime.tokenizer),
-                max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
-                pad_id=runtime.pad_id, temperature=rollout.temperature, top_p=rollout.top_p,
-                seeds=[_seed(check.seed, 2, index, r) for r in range(check.replicates)],
-                batch_size=check.batch_size, shared=check.shared_prefix)
+            seeds = [_seed(check.seed, 2, index, r) for r in range(check.replicates)]
+            if task.agent is not None:
+                values = estimate_episode_values(
+                    _episode_continuer(runtime, config, task, problems[index],
+                                       row["prompt_ids"]),
+                    row["response_ids"], row["policy_mask"], row["turn_ids"], row["reward"],
+                    plan["boundaries"], samples=check.continuations, seeds=seeds,
+                    batch_size=check.batch_size, device=runtime.device)
+            else:
+                values = estimate_prefix_values(
+                    runtime.sampler, row["prompt_ids"], row["response_ids"], row["finished"],
+                    plan["boundaries"], samples=check.continuations,
+                    reward_fn=task_reward_fn(task, problems[index], runtime.tokenizer),
+                    max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
+                    pad_id=runtime.pad_id, temperature=rollout.temperature,
+                    top_p=rollout.top_p, seeds=seeds, batch_size=check.batch_size,
+                    shared=check.shared_prefix)
             seconds = time.perf_counter() - mark
             record = {"row": index, **values.to_dict(), "seconds": round(seconds, 3)}
             append_jsonl(values_path, record)

@@ -36,12 +36,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from gear_rl.agent.loop import EpisodePrefix
 from gear_rl.train.rollout import sample_continuations, sample_responses
 
 __all__ = [
+    "ContinueFn",
     "PrefixValues",
     "RewardFn",
     "choose_boundaries",
+    "estimate_episode_values",
     "estimate_prefix_values",
     "exact_value",
     "nucleus_probs",
@@ -336,6 +339,92 @@ def estimate_prefix_values(
                         for cont, done in zip(conts, fl, strict=True)]
                     for b, conts, fl in zip(open_bounds, continuations, flags, strict=True)}
         rewards.append([[own] if end else by_bound[b]
+                        for b, end in zip(bounds, terminal, strict=True)])
+    return PrefixValues(boundaries=bounds, rewards=rewards, terminal=terminal, tokens=tokens)
+
+
+ContinueFn = Callable[[list[EpisodePrefix], torch.Generator], tuple[list[float], int]]
+"""``continue_fn(prefixes, generator) -> (rewards, tokens)``: finish one episode from each
+prefix with the policy (tool calls run, observations appended: ``gear_rl.train.episodes.collect``
+with ``prefixes=``) drawing from ``generator``; the outcome reward of each whole episode, and the
+policy tokens generated."""
+
+
+def estimate_episode_values(
+    continue_fn: ContinueFn,
+    response_ids: Sequence[int],
+    loss_mask: Sequence[int],
+    turn_ids: Sequence[int],
+    reward: float,
+    boundaries: Sequence[int],
+    *,
+    samples: int,
+    seeds: Sequence[int] = (0,),
+    batch_size: int | None = None,
+    device: torch.device | str = "cpu",
+) -> PrefixValues:
+    """Monte-Carlo ``V`` at ``boundaries`` of one multi-turn (agent) episode.
+
+    The episode analogue of :func:`estimate_prefix_values`: a boundary ``b`` sits before a
+    policy token (:func:`choose_boundaries` with the episode's mask), and ``V_b`` is the mean
+    outcome of ``samples`` episodes continued from its first ``b`` tokens: the rest of the turn
+    ``b`` falls in, its tool call run in the sandbox, and every later turn, under the rollout's
+    limits. ``b = L`` is terminal (``V`` = the episode's own ``reward``). Observation tokens are
+    context: never a boundary, and their span's advantage is their policy neighbours'.
+
+    Args:
+        continue_fn: finishes episodes from prefixes (:data:`ContinueFn`).
+        response_ids, loss_mask, turn_ids: the episode (``L`` tokens each).
+        reward: its own outcome reward.
+        boundaries: sorted positions in ``[0, L]``, each ``L`` or before a policy token.
+        samples: ``m``, continuations per boundary and replicate.
+        seeds: one seed per replicate.
+        batch_size: most episodes per ``continue_fn`` call (None: every cut's at once); whole
+            cuts only, at least one cut a call.
+        device: where the generators live (the sampler's device).
+
+    Returns:
+        :class:`PrefixValues`; ``tokens`` counts the policy tokens generated.
+    """
+    response = [int(t) for t in response_ids]
+    mask = [int(m) for m in loss_mask]
+    turns = [int(t) for t in turn_ids]
+    length = len(response)
+    if len(mask) != length or len(turns) != length:
+        raise ValueError(f"{length} response ids, {len(mask)} mask entries and {len(turns)} "
+                         "turn ids: they must match")
+    bounds = [int(b) for b in boundaries]
+    if bounds != sorted(set(bounds)) or not bounds or bounds[0] < 0 or bounds[-1] > length:
+        raise ValueError(f"boundaries must be sorted, distinct and within [0, {length}], "
+                         f"got {bounds}")
+    inside = [b for b in bounds if b < length and not mask[b]]
+    if inside:
+        raise ValueError(f"boundaries {inside[:5]} sit before observation tokens: an episode is "
+                         "continued from before a policy token (or is over, at L)")
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if not seeds:
+        raise ValueError("seeds: give one seed per replicate (at least one)")
+    terminal = [b == length for b in bounds]
+    open_bounds = [b for b in bounds if b < length]
+    per_call = max(1, (batch_size or samples * max(len(open_bounds), 1)) // samples)
+    rewards: list[list[list[float]]] = []
+    tokens = 0
+    for seed in seeds:
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+        by_bound: dict[int, list[float]] = {}
+        for start in range(0, len(open_bounds), per_call):
+            part = open_bounds[start:start + per_call]
+            prefixes = [EpisodePrefix(response[:b], mask[:b], turns[:b])
+                        for b in part for _ in range(samples)]
+            got, spent = continue_fn(prefixes, generator)
+            if len(got) != len(prefixes):
+                raise RuntimeError(f"continue_fn returned {len(got)} rewards for "
+                                   f"{len(prefixes)} prefixes")
+            tokens += int(spent)
+            for k, b in enumerate(part):
+                by_bound[b] = [float(r) for r in got[k * samples:(k + 1) * samples]]
+        rewards.append([[float(reward)] if end else by_bound[b]
                         for b, end in zip(bounds, terminal, strict=True)])
     return PrefixValues(boundaries=bounds, rewards=rewards, terminal=terminal, tokens=tokens)
 

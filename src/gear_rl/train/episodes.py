@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from gear_rl.agent.loop import AgentLimits
+from gear_rl.agent.loop import AgentLimits, EpisodePrefix
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.rollout import sample_responses
 
@@ -106,6 +106,7 @@ def collect(
     limits: AgentLimits | None = None,
     sandbox: PythonSandbox | None = None,
     paired_draws: bool = False,
+    prefixes: Sequence[EpisodePrefix] | None = None,
 ) -> Rows:
     """Sample one response (or episode) per prompt and score it.
 
@@ -121,9 +122,18 @@ def collect(
         sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
         paired_draws: single-turn tasks only (multi-turn ones sample turn by turn from one
             stream): see :func:`gear_rl.train.rollout.sample_responses`.
+        prefixes: agent tasks only: ``B`` :class:`~gear_rl.agent.loop.EpisodePrefix` es to
+            continue each episode from (``run_agent(prefixes=)``); the rows returned hold the
+            whole episodes, prefix first, scored as usual. (Single-turn continuations are
+            :func:`gear_rl.train.rollout.sample_continuations`; environment episodes cannot be
+            resumed without the game's state.)
     """
     if len(problems) != len(prompts):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
+    if prefixes is not None and task.agent is None:
+        raise ValueError(f"prefixes: only agent tasks' episodes can be continued from a "
+                         f"prefix here; task {task.name!r} is "
+                         + ("an environment task" if task.env is not None else "single-turn"))
     if limits is None:
         turns = task_turns(task)
         limits = AgentLimits() if turns is None else AgentLimits(max_turns=turns)
@@ -133,7 +143,7 @@ def collect(
         return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
     if task.agent is not None:
         return _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
-                              sandbox)
+                              sandbox, prefixes)
     result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                               pad_id=pad_id, temperature=temperature, top_p=top_p,
                               generator=generator, batch_size=batch_size,
@@ -146,7 +156,7 @@ def collect(
 
 
 def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
-                   sandbox) -> Rows:
+                   sandbox, prefixes=None) -> Rows:
     from gear_rl.agent import (
         AgentConfig,
         PythonExecutor,
@@ -168,7 +178,8 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
         max_response_tokens=limits.max_response_tokens,
         max_observation_tokens=limits.max_observation_tokens,
         stop_after_tool_call=spec.tool == "none")
-    trajectories = run_agent(prompts, generate, tokenizer, config, executor, stop_ids=stop_ids)
+    trajectories = run_agent(prompts, generate, tokenizer, config, executor, stop_ids=stop_ids,
+                             prefixes=prefixes)
     texts = [t.final_text if spec.score_text == "final" else t.policy_text
              for t in trajectories]
     finished = [t.finish_reason in ("answer", "tool_call") for t in trajectories]
