@@ -245,3 +245,21 @@ def test_multi_turn_updates_checkpoint_layers_by_default_with_the_same_result(tm
     assert outcomes["null"][0] == pytest.approx(outcomes["false"][0], rel=1e-6, abs=1e-9)
     for got, want in zip(outcomes["null"][1], outcomes["false"][1], strict=True):
         torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-6)
+
+
+def test_multi_turn_evaluation_decodes_a_rollouts_rows_at_a_time(tmp_path) -> None:
+    """An agent task's evaluation decodes at most rollout.prompts_per_step x
+    rollout.samples_per_prompt rows at once (its KV caches span whole episodes), whatever
+    eval.batch_size allows; the sampler's forwards are watched, not replaced."""
+    trainer = make_trainer(tmp_path, "tool-math", "steps=1", "eval.size=4", "eval.k=3",
+                           "eval.batch_size=64", "rollout.prompts_per_step=2",
+                           "agent.sandbox_workers=1")
+    widths: list[int] = []
+    trainer.sampler.register_forward_pre_hook(
+        lambda _module, args, kwargs: widths.append(
+            (kwargs.get("input_ids") if kwargs.get("input_ids") is not None
+             else args[0]).shape[0]), with_kwargs=True)
+    result = trainer.evaluate()
+    trainer.close()
+    assert result["samples"] == 12
+    assert widths and max(widths) == 4  # 2 prompts x 2 samples per step, not 12

@@ -297,7 +297,10 @@ class EvalConfig:
             different seeds are scored on identical draws of the starting model; on single-turn
             tasks each (problem, sample) keeps its own draws whatever the model generates, so
             two runs are compared draw by draw: gear_rl.train.evaluate).
-        batch_size: rows per generation batch (None: all at once).
+        batch_size: rows per generation batch (None: all at once). Agent and environment
+            tasks decode at most a training rollout's rows at once
+            (``rollout.prompts_per_step x rollout.samples_per_prompt``), whose KV caches span
+            whole episodes.
         records: store each evaluation's per-problem results (every sample's reward) in
             ``RUN_DIR/eval_records/step-NNNNNN.json``, for paired comparisons (``gear-rl
             study`` turns it on).

@@ -346,11 +346,19 @@ def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     from gear_rl.train.evaluate import evaluate
 
     settings = config.eval
+    batch_size = settings.batch_size
+    task = runtime.task
+    if task.agent is not None or task.env is not None:
+        # a multi-turn episode's KV cache spans its whole context (prompt, turns and
+        # observations): decode no more rows at once than a training rollout does (on
+        # tool-math, 128 rows of it held 1.35 GB); these tasks are paired by problem only
+        rollout_rows = config.rollout.prompts_per_step * config.rollout.samples_per_prompt
+        batch_size = rollout_rows if batch_size is None else min(batch_size, rollout_rows)
     return evaluate(runtime.sampler, runtime.tokenizer, runtime.task, k=settings.k,
                     temperature=settings.temperature, top_p=settings.top_p,
                     max_new_tokens=settings.max_new_tokens, seed=settings.seed,
                     stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
-                    batch_size=settings.batch_size,
+                    batch_size=batch_size,
                     limits=agent_limits(config, runtime.task, evaluation=True),
                     sandbox=runtime.sandbox)
 
