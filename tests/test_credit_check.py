@@ -525,6 +525,7 @@ def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
     assert later_turn, "no boundary after an observation"
     assert whole.data["scores"]["rows"][0]["label"] == "grpo"
     assert "gear" in {r["label"] for r in whole.data["scores"]["rows"]}
+    assert "the rest of the episode under the agent limits" in whole.markdown.read_text()
     partial = run(tmp_path / "cut", budget=1)
     assert not partial.complete
     resumed = run(tmp_path / "cut")

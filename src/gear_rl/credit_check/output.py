@@ -102,9 +102,11 @@ def format_table(data: dict[str, Any]) -> str:
         + (f" every {settings['every']}" if settings["boundaries"] == "tokens"
            and settings["every"] > 1 else "")
         + f", {m} continuations x {replicates} replicate(s), temperature "
-        f"{settings['temperature']}, top-p {settings['top_p']}, budget "
-        f"max_new_tokens={settings['max_new_tokens']} minus the prefix; "
-        f"{counts['continuation_tokens']} continuation tokens"
+        f"{settings['temperature']}, top-p {settings['top_p']}, "
+        + ("each continuation the rest of the episode under the agent limits"
+           if settings.get("agent_limits") else
+           f"budget max_new_tokens={settings['max_new_tokens']} minus the prefix")
+        + f"; {counts['continuation_tokens']} continuation tokens"
         + ("" if counts["complete"] else
            f" (**incomplete**: the token budget stopped it after {counts['truth_done']} of "
            f"{counts['truth_planned']} trajectories; rerun to continue)") + ".",
@@ -158,7 +160,10 @@ def format_table(data: dict[str, Any]) -> str:
               f"{timing['truth_tokens_this_session']} tokens this session), scoring "
               f"{timing['score_seconds']} s; this session {timing['wall_seconds_this_session']} "
               "s wall",
-              f"- shared prefix KV cache: {settings['shared_prefix']}"]
+              ("- continuations: whole episodes from each prefix (agent limits "
+               f"{settings['agent_limits']}), each turn re-reading its context"
+               if settings.get("agent_limits") else
+               f"- shared prefix KV cache: {settings['shared_prefix']}")]
     return "\n".join(lines) + "\n"
 
 
