@@ -69,7 +69,7 @@ from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
 from gear_rl.train.episodes import collect, decode_response
-from gear_rl.train.runtime import agent_limits
+from gear_rl.train.runtime import agent_limits, rollout_settings
 
 __all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
            "check_task", "credit_check", "plan_rows", "run_check_config", "task_reward_fn"]
@@ -397,7 +397,7 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
         prompts = [build_prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
         generator = torch.Generator(device=runtime.device).manual_seed(
             _seed(check.seed, 1, batch_index))
-        result = collect(task, problems, prompts, **_collect_settings(runtime, config, task),
+        result = collect(task, problems, prompts, **rollout_settings(config, runtime),
                          generator=generator)
         for j, problem in enumerate(problems):
             row = {
@@ -413,24 +413,11 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
     return rows
 
 
-def _collect_settings(runtime: Any, config: TrainConfig, task: Task) -> dict[str, Any]:
-    """:func:`~gear_rl.train.episodes.collect`'s sampler, limits and sandbox, as the trainer's
-    rollout sets them."""
-    rollout = config.rollout
-    settings: dict[str, Any] = {
-        "model": runtime.sampler, "tokenizer": runtime.tokenizer, "stop_ids": runtime.stop_ids,
-        "pad_id": runtime.pad_id, "temperature": rollout.temperature, "top_p": rollout.top_p,
-        "max_new_tokens": rollout.max_new_tokens, "batch_size": rollout.batch_size}
-    if task.agent is not None:
-        settings.update(limits=agent_limits(config, task), sandbox=runtime.sandbox)
-    return settings
-
-
 def _episode_continuer(runtime: Any, config: TrainConfig, task: Task, problem: Problem,
                        prompt: list[int]) -> Any:
     """The :data:`~gear_rl.credit_check.values.ContinueFn` of one agent trajectory: its
     episodes finished from prefixes by the trainer's episode loop, scored by the task."""
-    settings = _collect_settings(runtime, config, task)
+    settings = rollout_settings(config, runtime)
 
     def continue_fn(prefixes: list[EpisodePrefix], generator: torch.Generator
                     ) -> tuple[list[float], int]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "evaluate_model",
            "open_run", "release_free_memory", "resolve_device", "resume_config",
-           "run_evaluation", "run_path", "sandbox_secrets", "task_sandbox"]
+           "rollout_settings", "run_evaluation", "run_path", "sandbox_secrets", "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,6 +83,19 @@ def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -
                        max_new_tokens_per_turn=per_turn,
                        max_response_tokens=agent.max_response_tokens,
                        max_observation_tokens=agent.max_observation_tokens)
+
+
+def rollout_settings(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
+    """The keyword arguments of :func:`gear_rl.train.episodes.collect` for a rollout of
+    ``runtime``'s task as training samples it: the sampler copy, its tokenizer, stop and
+    padding ids, ``config.rollout``'s temperature, top-p, token cap and decoding batch, the
+    multi-turn limits and the sandbox (the problems, prompts and generator are the caller's)."""
+    rollout = config.rollout
+    return {"model": runtime.sampler, "tokenizer": runtime.tokenizer,
+            "stop_ids": runtime.stop_ids, "pad_id": runtime.pad_id,
+            "temperature": rollout.temperature, "top_p": rollout.top_p,
+            "max_new_tokens": rollout.max_new_tokens, "batch_size": rollout.batch_size,
+            "limits": agent_limits(config, runtime.task), "sandbox": runtime.sandbox}
 
 
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -347,8 +360,7 @@ def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
 
     settings = config.eval
     batch_size = settings.batch_size
-    task = runtime.task
-    if task.agent is not None or task.env is not None:
+    if task_turns(runtime.task) is not None:
         # a multi-turn episode's KV cache spans its whole context (prompt, turns and
         # observations): decode no more rows at once than a training rollout does (on
         # tool-math, 128 rows of it held 1.35 GB); these tasks are paired by problem only

@@ -51,7 +51,7 @@ from gear_rl.signals.teacher import Placement, ReferenceKind
 from gear_rl.tasks import Problem, Task, check_prompt_lengths
 from gear_rl.train.checkpoint import save_checkpoint
 from gear_rl.train.config import TrainConfig
-from gear_rl.train.episodes import Rows, collect
+from gear_rl.train.episodes import Rows, collect, task_turns
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
 from gear_rl.train.records import (
     Scores,
@@ -62,12 +62,12 @@ from gear_rl.train.records import (
     summarize,
 )
 from gear_rl.train.runtime import (
-    agent_limits,
     build_runtime,
     evaluate_model,
     open_run,
     release_free_memory,
     resume_config,
+    rollout_settings,
     run_evaluation,
     run_path,
 )
@@ -166,7 +166,7 @@ class Trainer:
             # None: multi-turn tasks (agent, environment) checkpoint their long rows' layers
             self.checkpoint_layers = (
                 config.loss.checkpoint_layers if config.loss.checkpoint_layers is not None
-                else self.task.agent is not None or self.task.env is not None)
+                else task_turns(self.task) is not None)
             self.needs_teacher = self.distill or self.estimator.needs_teacher
             template = ({} if config.signals.answer_template is None
                         else {"answer_template": config.signals.answer_template})
@@ -273,13 +273,8 @@ class Trainer:
         pairs = [pair for p in step_problems for pair in [self._prompts(p)] * k]
         generator = torch.Generator(device=self.runtime.device).manual_seed(
             _derived_seed(self.config.seed, 1, step))
-        rows = collect(
-            self.task, problems, [s for s, _ in pairs], model=self.sampler,
-            tokenizer=self.tokenizer, stop_ids=self.stop_ids, pad_id=self.pad_id,
-            temperature=config.temperature, top_p=config.top_p, generator=generator,
-            max_new_tokens=config.max_new_tokens, batch_size=config.batch_size,
-            limits=agent_limits(self.config, self.task), sandbox=self.sandbox,
-        )
+        rows = collect(self.task, problems, [s for s, _ in pairs], generator=generator,
+                       **rollout_settings(self.config, self.runtime))
         return StepBatch(problems=problems, group_ids=group_ids,
                          prompt_ids=[s for s, _ in pairs], teacher_ids=[t for _, t in pairs],
                          response_ids=rows.response_ids, finished=rows.finished,
