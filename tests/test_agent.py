@@ -470,3 +470,40 @@ def test_bad_episode_prefixes_are_refused(ids, mask, turns, match):
 
     with pytest.raises(ValueError, match=match):
         EpisodePrefix(ids, mask, turns)
+
+
+def test_tool_math_turn_rewards_follow_mt_grpo(tokenizer, sandbox):
+    """MT-GRPO's verifiable turn rewards on real episodes (the real loop, the real sandbox):
+    0.2 x the share of a turn's calls that ran, 0.5 when its output is the answer; one reward
+    per step span; a task without turn rewards gives none."""
+    from gear_rl.credit.steps import spans_from_step_ids
+    from gear_rl.tasks import tool_math_task
+    from gear_rl.train.episodes import turn_rewards
+
+    task = tool_math_task(train_size=4, eval_size=2)
+    problem = task.train[0]
+    answer = problem.answer
+    fence = "```python\n{}\n```"
+    script = Scripted(tokenizer, {
+        "right\n": [fence.format(f"print({answer})"), f"It is {answer}.{EOS}"],
+        "wrong\n": [fence.format(f"print({answer} + 1)"), f"It is {answer}.{EOS}"],
+        "error\n": [fence.format("1/0"), f"no idea{EOS}"],
+        "plain\n": [f"It is {answer}.{EOS}"],
+    })
+    config = AgentConfig(tool_format="markdown", max_observation_tokens=200)
+    episodes = run_agent(script.prompt_ids(), script, tokenizer, config, PythonExecutor(sandbox))
+    calls = ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n'
+             '{"name": "div", "arguments": {"a": 1, "b": 0}}\n</tool_call>')
+    two = Scripted(tokenizer, {"two\n": [calls, f"2{EOS}"]})
+    episodes += run_agent(two.prompt_ids(), two, tokenizer,
+                          AgentConfig(tool_format="json", max_new_tokens_per_turn=256),
+                          scripted_functions)
+    rewards = [turn_rewards(task, problem, t) for t in episodes]
+    # one of the two parallel calls ran: 0.2 x 1/2
+    assert rewards == [pytest.approx([0.7, 0.0]), pytest.approx([0.2, 0.0]), [0.0, 0.0],
+                       [0.0], pytest.approx([0.1, 0.0])]
+    spans = spans_from_step_ids(trajectories_to_tensors(episodes, pad_id=0)["turn_ids"])
+    assert [len(s) for s in spans] == [len(r) for r in rewards]
+    assert tool_math_task(train_size=4, eval_size=2, turn_rewards=(0.0, 0.0)).agent is not None
+    with pytest.raises(ValueError, match="turn_reward_tool must be a finite number"):
+        tool_math_task(train_size=4, eval_size=2, turn_rewards=(float("nan"), 0.5))

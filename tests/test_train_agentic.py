@@ -95,6 +95,16 @@ def test_step_estimators_need_multi_turn_tasks(tmp_path) -> None:
         make_trainer(tmp_path, "tool-math", "estimator=gagpo")
 
 
+def test_turn_level_warns_on_an_agent_task_without_turn_rewards(tmp_path) -> None:
+    import warnings
+
+    with pytest.warns(UserWarning, match="pays no turn rewards"):
+        make_trainer(tmp_path / "a", "bfcl:simple", "estimator=turn_level").close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        make_trainer(tmp_path / "b", "tool-math", "estimator=turn_level").close()
+
+
 def test_unknown_step_estimator_config_is_an_error() -> None:
     with pytest.raises(ValueError, match="omega_typo"):
         load_config(None, ["estimator=gigpo", "credit.omega_typo=1"]).validate()
@@ -121,6 +131,7 @@ def test_tool_math_trainer_owns_and_closes_a_sandbox(tmp_path) -> None:
     assert trainer.sandbox is None
     step = next(r for r in records(trainer, "metrics.jsonl") if "reward_mean" in r)
     assert "agent/tool_call_rate" in step and math.isfinite(step["loss"])
+    assert 0 <= step["agent/turn_reward_mean"] <= 0.7  # MT-GRPO's turn rewards, at most 0.2+0.5
 
 
 def test_chat_observation_tokens_match_the_chat_template() -> None:

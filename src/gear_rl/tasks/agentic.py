@@ -22,12 +22,18 @@ from typing import Any
 
 from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task
 
-__all__ = ["ENV_NAMES", "TOOL_MATH_PRESET", "env_task", "tool_math_task"]
+__all__ = ["ENV_NAMES", "MT_GRPO_TURN_REWARDS", "TOOL_MATH_PRESET", "env_task", "tool_math_task"]
 
 TOOL_MATH_PRESET: tuple[str, dict[str, Any]] = (
     "products", {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2})
 """The default tool-math problems: products of two 2-digit numbers (hard to do in one's head
 for a 135M model, one line of Python)."""
+
+MT_GRPO_TURN_REWARDS: tuple[float, float] = (0.2, 0.5)
+"""Tool math's turn rewards ``(tool, answer)``, after MT-GRPO's verifiable turn rewards
+(arXiv 2505.11821; the authors' TriviaQA rubric pays 0.2 times the share of tool calls that
+executed and 0.5 when the search result holds the answer). Here the tool is Python and "holds
+the answer" means the task's scorer accepts the turn's output as the answer."""
 
 
 def tool_math_task(
@@ -40,6 +46,7 @@ def tool_math_task(
     eval_size: int = 128,
     seed: int = 0,
     instruction: str = "",
+    turn_rewards: tuple[float, float] = MT_GRPO_TURN_REWARDS,
 ) -> Task:
     """Reasoning-gym math with a Python tool.
 
@@ -52,6 +59,10 @@ def tool_math_task(
         max_turns: policy turns (tool calls are made in all but the last).
         train_size, eval_size, seed, instruction: as in
             :func:`~gear_rl.tasks.reasoning_gym_task`.
+        turn_rewards: ``(tool, answer)``, the turn rewards of ``turn_level``
+            (:class:`~gear_rl.tasks.base.AgentSpec`'s ``turn_reward_tool`` and
+            ``turn_reward_answer``): a turn whose code ran, and one whose output is the answer.
+            The default is MT-GRPO's rubric (:data:`MT_GRPO_TURN_REWARDS`).
     """
     from gear_rl.agent.parsing import MARKDOWN_TOOL_INSTRUCTIONS, PYTHON_TOOL_INSTRUCTIONS
     from gear_rl.tasks.reasoning_gym_task import reasoning_gym_task
@@ -74,7 +85,8 @@ def tool_math_task(
     return Task(name=f"tool-math {base.name}", train=[with_tool(p) for p in base.train],
                 eval=[with_tool(p) for p in base.eval], scorer=base.scorer, extract=base.extract,
                 agent=AgentSpec(tool="python", tool_format=tool_format, max_turns=max_turns,
-                                score_text="final"))
+                                score_text="final", turn_reward_tool=turn_rewards[0],
+                                turn_reward_answer=turn_rewards[1]))
 
 
 def _env_factory(name: str, options: Mapping[str, Any]) -> Callable[[], Any]:

@@ -4,6 +4,7 @@ the ground-truth-conditioned teacher is shown."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -54,6 +55,13 @@ class AgentSpec:
             (every policy turn, observations left out).
         sandbox_packages: the installed packages tool calls may import (with what they
             require); everything else in site-packages is invisible to them.
+        turn_reward_tool: MT-GRPO's tool-execution turn reward (arXiv 2505.11821; the
+            authors' rubric pays 0.2): a turn earns this times the share of its calls that ran
+            without error (0 for a turn without a well-formed call).
+        turn_reward_answer: MT-GRPO's answer-presence turn reward (their rubric: 0.5): a turn
+            earns it when the task's scorer accepts the turn's tool output as the answer.
+            The two are the per-turn ``step_rewards`` that ``turn_level`` normalises; both 0
+            (the default): no turn rewards, and ``turn_level`` reduces to GRPO.
     """
 
     tool: str = "python"
@@ -61,6 +69,8 @@ class AgentSpec:
     max_turns: int = 4
     score_text: str = "final"
     sandbox_packages: tuple[str, ...] = DEFAULT_PACKAGES
+    turn_reward_tool: float = 0.0
+    turn_reward_answer: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tool not in ("python", "none"):
@@ -68,6 +78,11 @@ class AgentSpec:
         if self.score_text not in ("final", "policy"):
             raise ValueError("AgentSpec.score_text must be 'final' or 'policy', got "
                              f"{self.score_text!r}")
+        for name in ("turn_reward_tool", "turn_reward_answer"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value)):
+                raise ValueError(f"AgentSpec.{name} must be a finite number, got {value!r}")
 
 
 @dataclass(frozen=True)

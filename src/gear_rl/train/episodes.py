@@ -29,7 +29,7 @@ from gear_rl.train.rollout import sample_responses
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Rows", "collect", "decode_response", "task_turns"]
+__all__ = ["Rows", "collect", "decode_response", "task_turns", "turn_rewards"]
 
 
 def task_turns(task: Task) -> int | None:
@@ -59,8 +59,9 @@ class Rows:
             tasks (every token is the policy's).
         turn_ids: per row and token, the turn index (None for single-turn tasks).
         step_spans, state_keys, step_rewards: per row and step (environment tasks; agent tasks
-            have step spans only, each turn's covering the observation that answers it; None
-            for single-turn tasks).
+            have step spans, each turn's covering the observation that answers it, and step
+            rewards when the task pays turn rewards (:func:`turn_rewards`), no state keys;
+            None for single-turn tasks).
         metrics: batch statistics (tool-call rate, observation fraction, success rate...).
     """
 
@@ -183,6 +184,13 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
     texts = [t.final_text if spec.score_text == "final" else t.policy_text
              for t in trajectories]
     finished = [t.finish_reason in ("answer", "tool_call") for t in trajectories]
+    step_rewards = None
+    metrics = rollout_metrics(trajectories)
+    if spec.turn_reward_tool or spec.turn_reward_answer:
+        step_rewards = [turn_rewards(task, p, t)
+                        for p, t in zip(problems, trajectories, strict=True)]
+        paid = [r for row in step_rewards for r in row]
+        metrics["agent/turn_reward_mean"] = sum(paid) / max(len(paid), 1)
     return Rows(
         response_ids=[t.response_ids for t in trajectories], finished=finished, texts=texts,
         extracted=[task.extract(t) for t in texts],
@@ -192,7 +200,39 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
         # a turn's span also covers the observation answering it; mask 0 keeps that at 0
         step_spans=spans_from_step_ids(
             trajectories_to_tensors(trajectories, pad_id=0)["turn_ids"]),
-        metrics=rollout_metrics(trajectories))
+        step_rewards=step_rewards, metrics=metrics)
+
+
+def turn_rewards(task: Task, problem: Problem, trajectory: Any) -> list[float]:
+    """MT-GRPO's verifiable turn rewards (arXiv 2505.11821) of one agent trajectory, one per
+    step of its ``step_spans`` (each turn with tokens, in order): ``task.agent.turn_reward_tool``
+    times the share of the turn's calls that ran without error, plus
+    ``task.agent.turn_reward_answer`` when ``task.score`` accepts the turn's tool output (its
+    calls' outputs joined) as the answer (score >= 1). A turn without a well-formed call (an
+    answer, a malformed call) earns 0.
+
+    Args:
+        task: an agent task (``task.agent`` set).
+        problem: the problem the trajectory answers.
+        trajectory: a :class:`gear_rl.agent.Trajectory` (its ``turns`` and ``turn_ids``).
+    """
+    spec = task.agent
+    if spec is None:
+        raise ValueError(f"task {task.name!r} is not an agent task: it has no turns to reward")
+    present = sorted(set(int(k) for k in trajectory.turn_ids))
+    rewards = []
+    for k in present:
+        record = trajectory.turns[k] if k < len(trajectory.turns) else None
+        outputs = record.outputs if record is not None else []
+        if not outputs:
+            rewards.append(0.0)
+            continue
+        ran = sum(o.error is None for o in outputs) / len(outputs)
+        content = "\n".join(o.text for o in outputs)
+        answer = task.score(problem, content) >= 1.0
+        rewards.append(float(spec.turn_reward_tool) * ran
+                       + (float(spec.turn_reward_answer) if answer else 0.0))
+    return rewards
 
 
 def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits) -> Rows:

@@ -30,6 +30,7 @@ import math
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -216,6 +217,11 @@ class Trainer:
             raise ValueError(f"estimator {name!r} groups steps by environment state: use an "
                              "environment task (sokoban, keydoor); tool tasks have turns only "
                              "(estimator=turn_level)")
+        agent = self.task.agent
+        if agent is not None and not (agent.turn_reward_tool or agent.turn_reward_answer):
+            warnings.warn(f"task {self.task.name!r} pays no turn rewards (AgentSpec."
+                          "turn_reward_tool and turn_reward_answer are 0): every turn reward "
+                          f"is 0, and {name!r} gives the outcome advantage alone", stacklevel=2)
 
     def close(self) -> None:
         """Stop the sandbox workers (if any), flush TensorBoard, release the run directory."""
