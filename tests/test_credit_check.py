@@ -482,7 +482,8 @@ def _call_heavy_model() -> tuple[torch.nn.Module, object, Task]:
                 scorer=lambda problem, text: float(len(text) % 2 == 0),
                 extract=lambda text: text,
                 agent=AgentSpec(tool="python", tool_format=fmt,  # type: ignore[arg-type]
-                                max_turns=3, score_text="final"))
+                                max_turns=3, score_text="final", turn_reward_tool=0.2,
+                                turn_reward_answer=0.5))
     return model, tokenizer, task
 
 
@@ -498,7 +499,8 @@ def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
 
     def run(out: Path, **overrides):
         settings = {"groups": 2, "per_group": 2, "continuations": 3, "bootstrap": 50,
-                    "estimators": ["grpo", "gear"], "progress": False, "plot_trajectories": 1,
+                    "estimators": ["grpo", "gear", "turn_level"], "progress": False,
+                    "plot_trajectories": 1,
                     "mixed_only": False, "every": 2}
         check = CreditCheckConfig(**{**settings, **overrides})
         return credit_check(config, check, out, model=model, tokenizer=tokenizer, task=task)
@@ -508,6 +510,10 @@ def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
     rows = {r["row"]: r for r in state["rows"]}
     assert all("policy_mask" in r and "turn_ids" in r for r in rows.values())
     assert any(0 in r["policy_mask"] for r in rows.values()), "no episode called the tool"
+    # turn_level reads the episodes' turns and the task's turn rewards, one per turn (their
+    # values on real episodes: tests/test_agent.py)
+    assert all(len(r["step_spans"]) == len(r["step_rewards"]) >= 1 for r in rows.values())
+    assert any(len(r["step_spans"]) > 1 for r in rows.values())
     values = [json.loads(line) for line in
               (tmp_path / "whole" / "values.jsonl").read_text().splitlines()]
     assert len(values) == whole.data["counts"]["truth_done"] >= 3
@@ -524,7 +530,9 @@ def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
                                                       strict=True) if not end)
     assert later_turn, "no boundary after an observation"
     assert whole.data["scores"]["rows"][0]["label"] == "grpo"
-    assert "gear" in {r["label"] for r in whole.data["scores"]["rows"]}
+    assert {"gear", "turn_level"} <= {r["label"] for r in whole.data["scores"]["rows"]}
+    with pytest.raises(ValueError, match="groups steps by environment state"):
+        plan_rows(CreditCheckConfig(estimators=["gigpo"]), config, task)
     assert "the rest of the episode under the agent limits" in whole.markdown.read_text()
     partial = run(tmp_path / "cut", budget=1)
     assert not partial.complete

@@ -138,29 +138,37 @@ class EstimatorRow:
     variant: bool = False
 
 
-def _inapplicable(estimator: Estimator) -> str | None:
-    """Why a single-turn task cannot give ``estimator`` what it needs (None: it can)."""
+def _inapplicable(estimator: Estimator, config: Any = None, *, agent: bool = False
+                  ) -> str | None:
+    """Why the task cannot give ``estimator`` (with ``config``) what it needs (None: it can).
+    ``agent``: the task is an agent (tool) task, whose trajectories have turns (step spans and
+    the task's turn rewards) but no environment states."""
     if not estimator.uses_reward:
         return ("its credit is a distillation loss, not an advantage (uses_reward=False): "
                 "there is no per-token advantage to score")
-    if estimator.step_level:
+    if estimator.step_level and not agent:
         return ("it assigns credit per turn from step spans (and state keys), which only "
                 "multi-turn tasks have; this task is single-turn")
+    if estimator.step_level and estimator.requires_states(config):
+        return ("it groups steps by environment state, which an agent (tool) task does not "
+                "have (only environment tasks do, and the credit check cannot continue those)")
     missing = sorted(set(estimator.needs) - _PROVIDED)
     if missing:
         return f"it needs {missing}, which the signal pass does not provide"
     return None
 
 
-def plan_rows(check: CreditCheckConfig, config: TrainConfig
+def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None = None
               ) -> tuple[list[EstimatorRow], dict[str, str]]:
     """The rows to score and the registered estimators left out (name -> why).
 
-    ``check.estimators`` None: every registered estimator a single-turn task can feed, with its
-    default config and the run's signals, plus ``run:<estimator>`` with the run's ``credit``
-    settings when it has any. Named estimators and variants that cannot run raise
-    ``ValueError`` naming what they miss.
+    ``check.estimators`` None: every registered estimator the task can feed, with its default
+    config and the run's signals, plus ``run:<estimator>`` with the run's ``credit`` settings
+    when it has any. Step-level estimators that need no environment state (``turn_level``)
+    are scored on agent tasks (``task.agent`` set; None: a single-turn task). Named estimators
+    and variants that cannot run raise ``ValueError`` naming what they miss.
     """
+    agent = task is not None and task.agent is not None
     config.credit_estimator()  # plugins first: they may register estimators
     check.validate()
     rows: list[EstimatorRow] = []
@@ -168,7 +176,7 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig
     names = estimator_names() if check.estimators is None else list(check.estimators)
     for name in names:
         estimator = get_estimator(name)
-        why = _inapplicable(estimator)
+        why = _inapplicable(estimator, agent=agent)
         if why is not None:
             if check.estimators is not None:
                 raise ValueError(f"estimator {name!r} cannot be scored here: {why}")
@@ -177,7 +185,7 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig
         rows.append(EstimatorRow(name, estimator, estimator.make_config(), config.signals))
     if config.credit and config.estimator not in skipped:
         run_estimator = get_estimator(config.estimator)
-        if _inapplicable(run_estimator) is None:
+        if _inapplicable(run_estimator, config.credit_config(run_estimator), agent=agent) is None:
             rows.append(EstimatorRow(f"run:{config.estimator}", run_estimator,
                                      config.credit_config(run_estimator), config.signals))
     taken = {row.label for row in rows}
@@ -187,7 +195,7 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig
             raise ValueError(f"variant name {name!r} is already a row (a registered estimator "
                              "or another variant); choose another name")
         estimator = get_estimator(variant.estimator)
-        why = _inapplicable(estimator)
+        why = _inapplicable(estimator, agent=agent)
         if why is not None:
             raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
                              f"scored here: {why}")
@@ -195,6 +203,10 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig
             credit = estimator.make_config(**dict(variant.credit))
         except (TypeError, ValueError) as error:
             raise ValueError(f"variant.{name}.credit: {error}") from error
+        why = _inapplicable(estimator, credit, agent=agent)
+        if why is not None:
+            raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
+                             f"scored here: {why}")
         rows.append(EstimatorRow(name, estimator, credit,
                                  variant.signal_config(config.signals, name), variant=True))
         taken.add(name)
@@ -350,10 +362,30 @@ def _signals(runtime: Any, temperature: float, settings: SignalConfig,
     return {name: torch.cat(values) for name, values in parts.items()}
 
 
+def _step_extras(row: EstimatorRow, trajectories: list[dict[str, Any]],
+                 members: list[int]) -> dict[str, Any]:
+    """A step-level estimator's ``CreditBatch.extras`` for the trajectories ``members``: their
+    turns' spans and, when the task pays turn rewards, those rewards, as the trainer passes
+    them ({} for a token-level estimator)."""
+    if not row.estimator.step_level:
+        return {}
+    chosen = [trajectories[i] for i in members]
+    if any("step_spans" not in t for t in chosen):
+        raise ValueError(f"{row.label}: the trajectories carry no turns (step spans): a "
+                         "step-level estimator needs an agent task's episodes")
+    extras: dict[str, Any] = {"step_spans": [[tuple(s) for s in t["step_spans"]]
+                                             for t in chosen]}
+    if any("step_rewards" in t for t in chosen):
+        extras["step_rewards"] = [t["step_rewards"] for t in chosen]
+    return extras
+
+
 def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: torch.Tensor,
-                groups: list[int], batches: list[list[int]], step: int) -> torch.Tensor:
+                groups: list[int], batches: list[list[int]], step: int,
+                trajectories: list[dict[str, Any]]) -> torch.Tensor:
     """``[N, T]`` the row's token advantages, computed batch by batch as a training step
-    would (a batch-level rule such as top-entropy's cut sees one step's groups)."""
+    would (a batch-level rule such as top-entropy's cut sees one step's groups);
+    ``trajectories`` are the sampled rows (a step-level estimator reads their turns)."""
     out = torch.zeros_like(signals["mask"])
     for members in batches:
         index = torch.tensor(members)
@@ -363,7 +395,7 @@ def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: to
             entropy=signals["entropy"][index],
             student_logprobs=signals["student_logprobs"][index],
             teacher_logprobs=signals["teacher_logprobs"][index], step=step,
-            applies_update_mask=True)
+            applies_update_mask=True, extras=_step_extras(row, trajectories, members))
         advantages = row.estimator(batch, row.config).float()
         # an update-time selection (top-entropy's micro_batch) keeps only the tokens it
         # selects by the policy's entropy, here over the whole step batch
@@ -409,6 +441,9 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
             if result.policy_masks is not None:  # an agent episode: observations are context
                 row["policy_mask"] = list(result.policy_masks[j])
                 row["turn_ids"] = list(cast(list, result.turn_ids)[j])
+                row["step_spans"] = [list(span) for span in cast(list, result.step_spans)[j]]
+                if result.step_rewards is not None:  # the task's turn rewards (turn_level)
+                    row["step_rewards"] = list(result.step_rewards[j])
             rows.append(row)
     return rows
 
@@ -528,12 +563,13 @@ def credit_check(
 
     check = check if check is not None else CreditCheckConfig()
     config.validate()
-    rows_plan, skipped = plan_rows(check, config)
+    config.credit_estimator()  # a bad estimator or credit key fails before the task loads
     if task is None:
         task = load_task(config.task, options=config.task_options, train_size=config.train_size,
                          eval_size=config.eval.size, seed=0, instruction=config.instruction,
                          eval_path=config.eval_data)
     check_task(task)
+    rows_plan, skipped = plan_rows(check, config, task)
     chosen, pool = _draw_problems(task, check)
     out = Path(out)
     folder = _open_out(out)
@@ -703,7 +739,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         CreditBatch(rewards=rewards, group_ids=groups, mask=base["mask"]), OutcomeConfig())
     credit_step = checkpoint_step + 1
     advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)], rewards,
-                                         groups, batch_rows, credit_step)
+                                         groups, batch_rows, credit_step, rows)
                   for row in rows_plan}
     segments = {row.label: gear_segments(signal_cache[_signal_key(row.signals)]["divergence"],
                                          signal_cache[_signal_key(row.signals)]["entropy"],
