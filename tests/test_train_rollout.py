@@ -349,3 +349,80 @@ def test_paired_draws_fix_each_rows_numbers_and_still_stop_early(tiny) -> None:
     other = run([*prompts[:-1], prompts[1]], stops).response_ids
     assert other[:-1] == stopped.response_ids[:-1]
     assert run(prompts, stops, batch_size=7).response_ids == stopped.response_ids
+
+
+def test_row_budgets_and_row_stop_end_each_row_where_they_say(tiny) -> None:
+    """``budgets`` ends row i after its own cap; ``row_stop`` ends a row at the first step
+    whose token is a trigger and whose tokens so far satisfy ``done`` (asked only then). With
+    paired draws every row keeps its numbers, so each response is its free response cut
+    there, and neither is a finished (stop-token) response."""
+    from gear_rl.train.rollout import RowStop
+
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 6) * 2
+    common = {"max_new_tokens": 12, "stop_ids": [], "pad_id": tokenizer.pad_token_id,
+              "temperature": 1.5, "paired_draws": True}
+
+    def run(**extra):
+        return sample_responses(model, prompts, generator=torch.Generator().manual_seed(4),
+                                **common, **extra)
+
+    free = run().response_ids
+    budgets = [1 + (5 * i) % 12 for i in range(len(prompts))]
+    capped = run(budgets=budgets)
+    assert capped.response_ids == [r[:b] for r, b in zip(free, budgets, strict=True)]
+    assert not any(capped.finished)
+    with pytest.raises(ValueError, match="budgets"):
+        run(budgets=[13] * len(prompts))
+    with pytest.raises(ValueError, match="budgets"):
+        run(budgets=[3])
+
+    triggers = {free[0][3], free[5][8], free[7][1]}
+    table = torch.zeros(model.config.vocab_size, dtype=torch.bool)
+    table[sorted(triggers)] = True
+    asked: list[list[int]] = []
+
+    def done(ids: list[int]) -> bool:
+        asked.append(list(ids))
+        return len(ids) >= 3
+
+    stopped = run(row_stop=RowStop(trigger=table, done=done))
+    expected = []
+    for row in free:
+        cut = next((t for t, token in enumerate(row) if token in triggers and t >= 2), None)
+        expected.append(row if cut is None else row[:cut + 1])
+    assert stopped.response_ids == expected
+    assert sum(len(e) < 12 for e in expected) >= 2 and not any(stopped.finished)
+    assert asked and all(ids[-1] in triggers for ids in asked)  # asked at trigger tokens only
+
+
+def test_a_turn_stopped_at_its_call_is_cut_as_the_loop_cuts_it() -> None:
+    """The agent sampler's stop (``gear_rl.train.episodes.call_stop``: the row's new tokens
+    hold a complete call, asked after tokens with the closing tag's last character) never
+    changes the turn the loop keeps: for random turns, with or without the first part of a
+    resumed turn before them, cutting the new tokens where the sampler stops and then as the
+    loop does gives the loop's cut of the whole turn."""
+    import random
+
+    from gear_rl.agent import get_format
+    from gear_rl.agent.loop import _cut_turn
+    from gear_rl.train.episodes import call_stop
+
+    tokenizer = build_tiny_tokenizer()
+    draw = random.Random(0)
+    for name, pieces in (("python", ["<python>", "</python>", "print(1)", "x", ">", " ", "<"]),
+                         ("markdown", ["```python", "\n```", "\n", "`", "print(2)", "``", " "]),
+                         ("json", ["<tool_call>", "</tool_call>", '{"name": "f"}', ">", "a"])):
+        fmt = get_format(name)
+        stop = call_stop(tokenizer, name)
+        vocab = [tokenizer.encode(p, add_special_tokens=False) for p in pieces]
+        stopped_early = 0
+        for _ in range(300):
+            partial = [t for _ in range(draw.randint(0, 3)) for t in draw.choice(vocab)]
+            new = [t for _ in range(draw.randint(1, 12)) for t in draw.choice(vocab)]
+            end = next((t + 1 for t, token in enumerate(new)
+                        if bool(stop.trigger[token]) and stop.done(new[:t + 1])), len(new))
+            stopped_early += end < len(new)
+            assert _cut_turn(partial + new[:end], tokenizer, set(), fmt) == \
+                _cut_turn(partial + new, tokenizer, set(), fmt), (name, partial, new)
+        assert stopped_early > 20, name

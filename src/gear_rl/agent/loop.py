@@ -11,7 +11,9 @@ anything with the same signature):
         -> list[list[int]]          # the new tokens of each row
 
 It must stop a row at end of turn (its EOS ids); honouring ``stop_strings`` is optional, the loop
-cuts every row just after the first closing tag itself (the wasted tokens are the only cost).
+cuts every row just after the first complete call itself (the wasted tokens are the only cost;
+the trainer's sampler stops a row as soon as its new tokens hold a complete call,
+:func:`holds_call`, which never cuts earlier than the loop would).
 
 One turn for the whole batch: every live trajectory generates; each row is cut at its first EOS
 or closing tag; the calls of all rows are executed together (one ``run_many`` on the sandbox);
@@ -45,6 +47,7 @@ __all__ = [
     "Trajectory",
     "TurnRecord",
     "format_sandbox_output",
+    "holds_call",
     "rollout_metrics",
     "run_agent",
     "trajectories_to_tensors",
@@ -259,6 +262,13 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
+def holds_call(ids: Sequence[int], tokenizer: Any, fmt: ToolCallFormat) -> bool:
+    """Whether the text of ``ids`` holds a complete call of ``fmt``: where the loop cuts a turn
+    (a sampler may stop a row there: the loop discards every token after it; tokens before
+    ``ids``, such as a resumed turn's first part, only ever complete a call earlier)."""
+    return fmt.call_span(_decode(tokenizer, ids)) is not None
+
+
 def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], fmt: ToolCallFormat
               ) -> tuple[list[int], Literal["eos", "stop_string", "length"]]:
     """Keep a generated turn up to and including its first EOS token or the end of its first
@@ -268,12 +278,12 @@ def _cut_turn(ids: list[int], tokenizer: Any, stop_ids: set[int], fmt: ToolCallF
         if token in stop_ids:
             end, ended_by = position + 1, "eos"
             break
-    if fmt.call_span(_decode(tokenizer, ids[:end])) is not None:
+    if holds_call(ids[:end], tokenizer, fmt):
         # the shortest prefix whose text holds a complete call (prefix decoding is monotone)
         lo, hi = 1, end
         while lo < hi:
             mid = (lo + hi) // 2
-            if fmt.call_span(_decode(tokenizer, ids[:mid])) is not None:
+            if holds_call(ids[:mid], tokenizer, fmt):
                 hi = mid
             else:
                 lo = mid + 1

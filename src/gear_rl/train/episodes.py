@@ -16,6 +16,7 @@ and rewards that the step-level estimators (``gear_rl.credit.steps``) read.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ import torch
 
 from gear_rl.agent.loop import AgentLimits, EpisodePrefix
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.rollout import sample_responses
+from gear_rl.train.rollout import RowStop, sample_responses
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -79,15 +80,37 @@ class Rows:
 
 
 def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: float,
-                 top_p: float, generator: torch.Generator, batch_size: int | None):
+                 top_p: float, generator: torch.Generator, batch_size: int | None,
+                 row_stop: RowStop | None = None):
     def generate(prompts: list[list[int]], stop_strings: list[str],
                  budgets: list[int]) -> list[list[int]]:
-        # Stop strings are not honoured here; the agent loop cuts each turn after its call.
+        # Stop strings are not matched as text: the agent loop cuts each turn after its call,
+        # and row_stop (agent tasks) ends a row as soon as its tokens hold a complete call.
         return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
                                 pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                generator=generator, batch_size=batch_size).response_ids
+                                generator=generator, batch_size=batch_size, budgets=budgets,
+                                row_stop=row_stop).response_ids
 
     return generate
+
+
+_TRIGGERS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def call_stop(tokenizer: Any, tool_format: Any) -> RowStop:
+    """The :class:`~gear_rl.train.rollout.RowStop` of an agent turn: a row stops once its new
+    tokens hold a complete call of ``tool_format`` (:func:`gear_rl.agent.holds_call`), checked
+    after tokens whose text holds the closing tag's last character. The trigger table (one
+    decode per vocabulary entry, about 0.4 s for SmolLM2's 49k) is kept per tokenizer."""
+    from gear_rl.agent import get_format, holds_call
+
+    fmt = get_format(tool_format)
+    char = fmt.close_tag[-1]
+    tables = _TRIGGERS.setdefault(tokenizer, {})
+    if char not in tables:
+        tables[char] = torch.tensor([char in tokenizer.decode([i], skip_special_tokens=False)
+                                     for i in range(len(tokenizer))], dtype=torch.bool)
+    return RowStop(trigger=tables[char], done=lambda ids: holds_call(ids, tokenizer, fmt))
 
 
 def collect(
@@ -138,8 +161,12 @@ def collect(
     if limits is None:
         turns = task_turns(task)
         limits = AgentLimits() if turns is None else AgentLimits(max_turns=turns)
+    row_stop = None
+    if task.agent is not None:  # the loop cuts every turn after its first complete call
+        row_stop = call_stop(tokenizer, task.agent.tool_format)
     generate = _generate_fn(model, stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
-                            top_p=top_p, generator=generator, batch_size=batch_size)
+                            top_p=top_p, generator=generator, batch_size=batch_size,
+                            row_stop=row_stop)
     if task.env is not None:
         return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
     if task.agent is not None:

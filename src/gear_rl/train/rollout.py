@@ -16,7 +16,9 @@ criteria, a full-vocabulary multinomial, rows that finished still decoded) costs
   usual case) and a full sort otherwise; ``greedy=True`` takes the argmax instead;
 - a row stops at its first stop token (end of turn), which is kept in its response (the policy
   learns to stop); finished rows are dropped from the batch and the cache, so a batch does not
-  pay for its longest answer on every row.
+  pay for its longest answer on every row. A row also stops at its own token budget
+  (``budgets``) and, given a :class:`RowStop`, as soon as its new tokens complete what the
+  caller waits for (a tool call: the agent loop would discard every token after it).
 
 :func:`sample_continuations` runs the same loop from the prefixes of one sequence, all read
 from one forward pass over it (the Monte-Carlo credit checker's continuations).
@@ -37,8 +39,26 @@ import torch
 from transformers import Cache, DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["Rollout", "sample_continuations", "sample_next_token", "sample_responses",
-           "stop_token_ids"]
+__all__ = ["Rollout", "RowStop", "sample_continuations", "sample_next_token",
+           "sample_responses", "stop_token_ids"]
+
+
+@dataclass(frozen=True)
+class RowStop:
+    """Stop a row once its new tokens satisfy ``done`` (e.g. they hold a complete tool call).
+
+    ``done(ids)`` is called with a row's new tokens so far, only at steps where the row's token
+    is in ``trigger`` (a token that can end what ``done`` waits for: a closing tag's last
+    character), so that the check costs a decode now and then rather than every step. The row's
+    response ends with that token, as with a stop token; it is not marked finished.
+
+    Attributes:
+        trigger: ``[V]`` bool over the vocabulary (ids beyond it never trigger).
+        done: the predicate over a row's new token ids.
+    """
+
+    trigger: torch.Tensor
+    done: Callable[[list[int]], bool]
 
 
 @dataclass
@@ -236,6 +256,8 @@ def _decode(
     greedy: bool,
     generator: torch.Generator | None,
     paired_draws: bool = False,
+    budgets: torch.Tensor | None = None,
+    row_stop: RowStop | None = None,
 ) -> tuple[list[list[int]], list[bool]]:
     """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`.
 
@@ -249,10 +271,14 @@ def _decode(
         positions: ``[R]`` position id of each row's next token.
         max_new_tokens, stops, temperature, top_p, greedy, generator, paired_draws: see
             :func:`sample_responses`.
+        budgets: ``[R]`` each row's own cap (<= ``max_new_tokens``; None: all
+            ``max_new_tokens``).
+        row_stop: stop a row once its new tokens satisfy it (:class:`RowStop`).
 
     Returns:
-        ``R`` responses (each ending at its first stop token, or cut at ``max_new_tokens``) and
-        ``R`` finished flags (True where the response ends with a stop token).
+        ``R`` responses (each ending at its first stop token, at the step ``row_stop`` fired,
+        or cut at its budget) and ``R`` finished flags (True where the response ends with a
+        stop token).
     """
     rows, device = logits.shape[0], logits.device
     # One token buffer and (with padding) one mask buffer for the whole loop.
@@ -264,6 +290,12 @@ def _decode(
         mask[:, :width] = attention
     stop_tensor = torch.tensor(sorted(set(stops)), device=device)
     active = torch.arange(rows, device=device)  # the original row of each live batch row
+    trigger = None
+    if row_stop is not None:  # padded to the logits' width: ids beyond the vocabulary never fire
+        trigger = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+        width_v = min(int(row_stop.trigger.numel()), logits.shape[-1])
+        trigger[:width_v] = row_stop.trigger[:width_v].to(device)
+    last_step = None if budgets is None else (budgets.to(device) - 1)  # a row's final step
     position = positions.reshape(-1, 1)
     # paired: every (row, step) has its own uniform number, drawn before decoding, whichever
     # rows finish early (row-major, so a row's numbers are a fixed stretch of the stream)
@@ -280,6 +312,15 @@ def _decode(
         if step == max_new_tokens - 1:
             break
         done = (tokens.unsqueeze(-1) == stop_tensor).any(-1)
+        if last_step is not None:
+            done |= last_step[active] <= step
+        if trigger is not None:
+            fired = trigger[tokens] & ~done
+            if bool(fired.any()):  # a row may have completed what row_stop waits for
+                for k in fired.nonzero().squeeze(-1).tolist():
+                    row = int(active[k])
+                    if cast(RowStop, row_stop).done(out[row, : step + 1].tolist()):
+                        done[k] = True
         if bool(done.any()):  # the loop's one host sync per step
             kept = (~done).nonzero().squeeze(-1)
             if kept.numel() == 0:
@@ -321,6 +362,8 @@ def sample_responses(
     batch_size: int | None = None,
     greedy: bool = False,
     paired_draws: bool = False,
+    budgets: Sequence[int] | None = None,
+    row_stop: RowStop | None = None,
 ) -> Rollout:
     """Sample one response per prompt with a KV cache, stopping each row at its first stop token.
 
@@ -347,6 +390,10 @@ def sample_responses(
             generate and whenever they finish (common random numbers for comparing models);
             rows still leave the batch at their stop token. Off (default): one draw per live
             row and step, as in training.
+        budgets: ``B`` per-row caps, each in ``[1, max_new_tokens]`` (None: every row
+            ``max_new_tokens``); a row leaves the batch at its cap.
+        row_stop: also stop a row once its new tokens satisfy it (:class:`RowStop`; the
+            agent loop's "a complete tool call was written").
 
     Returns:
         ``Rollout`` with ``B`` responses in the order of ``prompt_ids``.
@@ -355,6 +402,11 @@ def sample_responses(
     prompts = [list(map(int, p)) for p in prompt_ids]
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: every prompt needs at least one token")
+    caps = None if budgets is None else [int(b) for b in budgets]
+    if caps is not None and (len(caps) != len(prompts)
+                             or any(not 1 <= b <= max_new_tokens for b in caps)):
+        raise ValueError(f"budgets: one per prompt ({len(prompts)}), each in [1, "
+                         f"max_new_tokens={max_new_tokens}]")
     stops = sorted(set(int(s) for s in stop_ids))
     if batch_size is not None and batch_size < len(prompts):
         parts = [
@@ -362,6 +414,7 @@ def sample_responses(
                 model, prompts[i : i + batch_size], max_new_tokens=max_new_tokens,
                 stop_ids=stops, pad_id=pad_id, temperature=temperature, top_p=top_p,
                 generator=generator, greedy=greedy, paired_draws=paired_draws,
+                budgets=None if caps is None else caps[i : i + batch_size], row_stop=row_stop,
             )
             for i in range(0, len(prompts), batch_size)
         ]
@@ -395,6 +448,7 @@ def sample_responses(
         model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens, stops=stops,
         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
         paired_draws=paired_draws,
+        budgets=None if caps is None else torch.tensor(caps, device=device), row_stop=row_stop,
     )
     return Rollout(prompt_ids=prompts, response_ids=responses, finished=finished)
 

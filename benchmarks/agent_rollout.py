@@ -1,0 +1,142 @@
+"""Multi-turn (tool-math) rollouts: the sampler stopping each row at its complete call and at
+its own turn budget, against decoding every row to the batch's largest budget.
+
+The agent loop cuts every turn just after its first complete tool call and caps it at what is
+left of its budget; tokens a sampler writes beyond either are thrown away. Before, the trainer's
+``generate`` decoded every row of a round up to the largest budget of the round (or its end of
+turn); now ``collect`` passes each row's budget and a :class:`~gear_rl.train.rollout.RowStop`
+that ends a row once its new tokens hold a complete call (``gear_rl.train.episodes.call_stop``).
+Both run the same loop (``gear_rl.agent.run_agent`` through ``collect``'s agent path), the same
+sandbox and the same seeds; which tokens are drawn differs (rows leave the batch at other steps,
+so the random stream is consumed differently), so the two give other episodes from the same
+distribution, and the episode statistics are printed beside the cost.
+
+Model and batch as the trainer builds them (``build_runtime``): SmolLM2-135M-Instruct, the
+default ``tool-math`` task (two-digit products, Markdown Python fences), its first
+``rollout.prompts_per_step`` (4) problems x ``rollout.samples_per_prompt`` (8), at
+``rollout.temperature`` 0.7 (the README's tool-math setting), ``threads`` torch threads
+(default 1), the sampler copy in ``rollout.dtype``; ``--checkpoint`` loads trained weights (at
+the initial weights the policy calls the tool in a few percent of turns, so there is almost
+nothing to save). Counted with a forward hook on the sampler:
+decoded row-steps (rows x single-token forwards) and prefill tokens; timed: wall and this
+process's CPU seconds. Repeats alternate the order; one warm-up repeat of each is not counted.
+
+Run:  python benchmarks/agent_rollout.py [--repeats 3] [--checkpoint RUN_DIR] [key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+from gear_rl.signals import prompt_ids
+from gear_rl.train import episodes, load_config
+from gear_rl.train.rollout import sample_responses
+from gear_rl.train.runtime import build_runtime, rollout_settings
+
+
+def _to_largest_budget(model, *, stop_ids, pad_id, temperature, top_p, generator, batch_size,
+                       row_stop=None):
+    """The previous ``generate``: every row of a round decoded to the round's largest budget
+    (or its end of turn); ``row_stop`` is ignored."""
+    def generate(prompts, stop_strings, budgets):
+        return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
+                                pad_id=pad_id, temperature=temperature, top_p=top_p,
+                                generator=generator, batch_size=batch_size).response_ids
+    return generate
+
+
+class _Counter:
+    """Decoded row-steps and prefill tokens of the sampler's forwards."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.decoded = self.prefill = 0
+        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, _module, _args, kwargs) -> None:
+        ids = kwargs["input_ids"]
+        if ids.shape[1] == 1:
+            self.decoded += ids.shape[0]
+        else:
+            self.prefill += ids.numel()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="counted repeats per engine")
+    parser.add_argument("--checkpoint", default=None,
+                        help="policy weights (a run directory or checkpoint folder): a trained "
+                             "policy calls the tool far more often than the initial one")
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = parser.parse_args()
+    overrides = ["task=tool-math", "rollout.temperature=0.7", "threads=1", *args.overrides]
+    config = load_config(None, overrides)
+    runtime = build_runtime(config, training=True, checkpoint=args.checkpoint)
+    try:
+        rollout = config.rollout
+        problems = [p for p in runtime.task.train[: rollout.prompts_per_step]
+                    for _ in range(rollout.samples_per_prompt)]
+        prompts = [prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
+        settings = rollout_settings(config, runtime)
+        print(f"model {config.model}, {torch.get_num_threads()} threads, {len(prompts)} rows, "
+              f"task {runtime.task.name}, T={rollout.temperature}, "
+              f"limits {settings['limits']}", file=sys.stderr)
+        engines = {"to_largest_budget": _to_largest_budget, "stop_at_call": episodes._generate_fn}
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+        original = episodes._generate_fn
+        for repeat in range(args.repeats + 1):
+            order = list(engines) if repeat % 2 == 0 else list(engines)[::-1]
+            for name in order:
+                episodes._generate_fn = engines[name]
+                counter = _Counter(runtime.sampler)
+                wall, cpu = time.perf_counter(), time.process_time()
+                try:
+                    rows = episodes.collect(runtime.task, problems, prompts, **settings,
+                                            generator=torch.Generator().manual_seed(repeat))
+                finally:
+                    episodes._generate_fn = original
+                    counter.handle.remove()
+                record = {"wall_s": time.perf_counter() - wall,
+                          "cpu_s": time.process_time() - cpu,
+                          "decoded_row_steps": counter.decoded, "prefill_tokens": counter.prefill,
+                          "policy_tokens": sum(sum(m) for m in rows.policy_masks or []),
+                          "reward_mean": statistics.fmean(rows.rewards),
+                          "tool_call_rate": rows.metrics["agent/tool_call_rate"]}
+                if repeat:  # the first repeat warms both up
+                    results[name].append(record)
+                print(f"repeat {repeat} {name}: " + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in record.items()), file=sys.stderr)
+    finally:
+        runtime.close()
+    median = {name: {k: statistics.median(r[k] for r in records) for k in records[0]}
+              for name, records in results.items()}
+    base, new = median["to_largest_budget"], median["stop_at_call"]
+    summary = {"engines": median,
+               "ratio_decoded_row_steps": base["decoded_row_steps"] / new["decoded_row_steps"],
+               "ratio_wall": base["wall_s"] / new["wall_s"],
+               "ratio_cpu": base["cpu_s"] / new["cpu_s"]}
+    for name, values in median.items():
+        print(f"{name:18s} wall {values['wall_s']:.1f} s  cpu {values['cpu_s']:.1f} s  "
+              f"decoded row-steps {values['decoded_row_steps']:.0f}  prefill tokens "
+              f"{values['prefill_tokens']:.0f}  reward {values['reward_mean']:.3f}  tool calls "
+              f"{values['tool_call_rate']:.2f}")
+    print(f"to_largest_budget / stop_at_call: decoded row-steps "
+          f"{summary['ratio_decoded_row_steps']:.2f}x, wall {summary['ratio_wall']:.2f}x, "
+          f"cpu {summary['ratio_cpu']:.2f}x")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
