@@ -55,6 +55,9 @@ import torch
 
 from gear_rl.signals import build_prompt_pairs, response_logprobs, token_signals
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _proc import reset_peak, status_bytes
+
 VOCAB = 49_152
 
 
@@ -140,23 +143,14 @@ def _worker(args: argparse.Namespace) -> None:
         baseline = torch.cuda.memory_allocated()
     else:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        baseline = _status_bytes("VmRSS")
+        reset_peak()
+        baseline = status_bytes("VmRSS")
     run(args.worker)
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() - baseline
     else:
-        peak = _status_bytes("VmHWM") - baseline
+        peak = status_bytes("VmHWM") - baseline
     print(json.dumps(dict(peak_extra_bytes=peak)))
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def _spawn(args: argparse.Namespace, worker: str, grad: bool) -> dict:

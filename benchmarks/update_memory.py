@@ -38,17 +38,13 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _proc import reset_peak, status_bytes
 from step_overhead import TASK_SETTINGS
 
 
 def _memory() -> tuple[float, float]:
     """(VmHWM, VmRSS) of this process in GB."""
-    fields = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(("VmHWM", "VmRSS")):
-                fields[line.split(":")[0]] = int(line.split()[1]) / 1e6
-    return fields["VmHWM"], fields["VmRSS"]
+    return status_bytes("VmHWM") / 1e9, status_bytes("VmRSS") / 1e9
 
 
 def _trainer(overrides: list[str]):
@@ -82,8 +78,7 @@ def _update(overrides: list[str], path: str) -> None:
         scores = trainer.score(batch, student=fused is None)
         advantages = None if fused == "inline" else trainer.credit(batch, scores, 1)
         build_peak = _memory()[0]
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
+        reset_peak()
         before = _memory()[1]
         cpu, wall = time.process_time(), time.perf_counter()
         trainer.update(batch, scores, advantages, 1, fused=fused)
@@ -92,8 +87,7 @@ def _update(overrides: list[str], path: str) -> None:
         # a later step's update: the optimiser state (created by the first step) is live
         # throughout; the trainer frees the heap's free pages between phases
         release_free_memory()
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
+        reset_peak()
         steady_before = _memory()[1]
         trainer.update(batch, scores, advantages, 2, fused=fused)
         steady_peak = _memory()[0]
