@@ -223,3 +223,15 @@ def test_compare_trains_estimators_over_seeds(tmp_path: Path, capsys) -> None:
     # ... unless the config changed, which is refused rather than silently mixed.
     assert main([*argv[:-1], "threads=1", "steps=2"]) == 2
     assert "another config" in capsys.readouterr().err
+
+
+def test_band_plot_gives_every_method_its_own_line() -> None:
+    """More methods than the ten default colours (a study has eleven): colour and line style
+    together still tell every method apart."""
+    from gear_rl.report.compare import band_plot
+
+    methods = [(f"m{i}", [[([0, 1], [0.1 * i, 0.2 * i])]]) for i in range(23)]
+    plot = band_plot("curves", "t", [("reward", "mean reward")], methods)
+    lines = plot.figure.axes[0].get_lines()
+    assert len(lines) == 23
+    assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 23

@@ -348,12 +348,13 @@ def band_plot(name: str, title: str, panels: Sequence[tuple[str, str]],
         axes.set_ylabel(ylabel)
         axes.grid(alpha=0.3)
     for index, (label, per_panel) in enumerate(methods):
-        colour = f"C{index}"
+        # ten colours, then the same colours dashed, then dotted: every method its own line
+        colour, style = f"C{index % 10}", ("-", "--", ":")[(index // 10) % 3]
         for axes, curves in zip(axes_list, per_panel, strict=True):
             steps, mean, low, high = _mean_curve(list(curves))
             if not steps:
                 continue
-            axes.plot(steps, mean, color=colour, label=label,
+            axes.plot(steps, mean, color=colour, linestyle=style, label=label,
                       marker="o" if len(steps) < 30 else None, markersize=3)
             if len(curves) > 1:
                 axes.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
