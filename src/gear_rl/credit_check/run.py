@@ -185,9 +185,10 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
         rows.append(EstimatorRow(name, estimator, estimator.make_config(), config.signals))
     if config.credit and config.estimator not in skipped:
         run_estimator = get_estimator(config.estimator)
-        if _inapplicable(run_estimator, config.credit_config(run_estimator), agent=agent) is None:
-            rows.append(EstimatorRow(f"run:{config.estimator}", run_estimator,
-                                     config.credit_config(run_estimator), config.signals))
+        run_credit = config.credit_config(run_estimator)
+        if _inapplicable(run_estimator, run_credit, agent=agent) is None:
+            rows.append(EstimatorRow(f"run:{config.estimator}", run_estimator, run_credit,
+                                     config.signals))
     taken = {row.label for row in rows}
     for name, variant in check.variants.items():
         variant = cast(Variant, variant)
@@ -195,15 +196,14 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
             raise ValueError(f"variant name {name!r} is already a row (a registered estimator "
                              "or another variant); choose another name")
         estimator = get_estimator(variant.estimator)
+        # what the estimator needs first, then what its config makes it need (state keys)
         why = _inapplicable(estimator, agent=agent)
-        if why is not None:
-            raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
-                             f"scored here: {why}")
-        try:
-            credit = estimator.make_config(**dict(variant.credit))
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"variant.{name}.credit: {error}") from error
-        why = _inapplicable(estimator, credit, agent=agent)
+        if why is None:
+            try:
+                credit = estimator.make_config(**dict(variant.credit))
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"variant.{name}.credit: {error}") from error
+            why = _inapplicable(estimator, credit, agent=agent)
         if why is not None:
             raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
                              f"scored here: {why}")
@@ -562,8 +562,7 @@ def credit_check(
     from gear_rl.train.runtime import build_runtime
 
     check = check if check is not None else CreditCheckConfig()
-    config.validate()
-    config.credit_estimator()  # a bad estimator or credit key fails before the task loads
+    config.validate()  # a bad estimator or credit key fails here, before the task loads
     if task is None:
         task = load_task(config.task, options=config.task_options, train_size=config.train_size,
                          eval_size=config.eval.size, seed=0, instruction=config.instruction,

@@ -246,11 +246,9 @@ def turn_rewards(task: Task, problem: Problem, trajectory: Any) -> list[float]:
     spec = task.agent
     if spec is None:
         raise ValueError(f"task {task.name!r} is not an agent task: it has no turns to reward")
-    present = sorted(set(int(k) for k in trajectory.turn_ids))
     rewards = []
-    for k in present:
-        record = trajectory.turns[k] if k < len(trajectory.turns) else None
-        outputs = record.outputs if record is not None else []
+    for k in sorted(set(int(k) for k in trajectory.turn_ids)):  # turn k's record is turns[k]
+        outputs = trajectory.turns[k].outputs
         if not outputs:
             rewards.append(0.0)
             continue
