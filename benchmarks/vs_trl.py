@@ -34,8 +34,12 @@ What is the same in all four:
   ``loss_type="dapo"``), no KL term (``beta=0``; gear-rl ``loss.kl_coef=0``);
 - optimiser: ``torch.optim.AdamW`` (TRL ``optim="adamw_torch"``), same lr, betas, eps, weight
   decay 0, gradient clipping 1.0, constant learning rate;
-- precision: bf16 autocast over fp32 master weights (gear-rl ``precision=bf16``, TRL
-  ``bf16=True``), on every processor (also where bf16 is emulated);
+- precision (``--precision``): bf16 autocast over fp32 master weights (gear-rl
+  ``precision=bf16``, TRL ``bf16=True``) or fp32 for both (gear-rl ``precision=fp32``, TRL
+  ``bf16=False``); the default ``auto`` takes bf16 where the processor computes it natively
+  (AVX-512 BF16 / AMX, CUDA) and fp32 elsewhere (on an AVX2-only CPU a bf16 matmul is emulated:
+  about 70x slower than fp32 on the project's AMD EPYC), the precision ``gear-rl train``
+  picks by default;
 - threads: ``--threads`` (default 2) through ``torch.set_num_threads`` (gear-rl ``threads=``)
   and ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``; every process gets ``OMP_WAIT_POLICY=PASSIVE``
   (gear-rl's console script sets it for itself; TRL gets it too, so spinning OpenMP threads on a
@@ -121,10 +125,11 @@ CONFIGS = ("trl_grpo", "trl_gear", "gearrl_grpo", "gearrl_gear")
 ESTIMATOR = {"trl_grpo": "grpo", "trl_gear": "gear", "gearrl_grpo": "grpo", "gearrl_gear": "gear"}
 GEARRL_PHASES = ("rollout", "signals", "credit", "update")
 TRL_PHASES = ("generate", "reward", "credit", "other", "update")
-# gear-rl keys every configuration shares: bf16 autocast everywhere, nothing outside the step
-# that costs more than it must (the end-of-run evaluation still runs: eval.k=1 keeps it short;
-# eval.size is left alone because it decides which problems are held out of training).
-GEARRL_COMMON = ("precision=bf16", "eval.at_start=false", "eval.k=1", "log.progress=false",
+# gear-rl keys every configuration shares: nothing outside the step that costs more than it
+# must (the end-of-run evaluation still runs: eval.k=1 keeps it short; eval.size is left alone
+# because it decides which problems are held out of training). The precision is added per run
+# (``--precision``).
+GEARRL_COMMON = ("eval.at_start=false", "eval.k=1", "log.progress=false",
                  "log.tensorboard=false", "log.samples_per_step=0", "log.checkpoint_every=0")
 
 
@@ -169,6 +174,16 @@ def machine_info() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- the TRL worker
+def resolve_precision(precision: str) -> str:
+    """``auto`` -> ``bf16`` where this machine computes bf16 natively, else ``fp32`` (the rule
+    of gear-rl's own ``precision=auto``, from the same function)."""
+    if precision != "auto":
+        return precision
+    from gear_rl.train.runtime import bf16_is_native, resolve_device
+
+    return "bf16" if bf16_is_native(resolve_device("auto")) else "fp32"
+
+
 def _trl_worker(name: str, steps: int, micro_batch: int, overrides: list[str],
                 result_path: Path, gear_signals: str = "autocast") -> None:
     """Train ``steps`` steps with TRL (``name``: ``trl_grpo`` or ``trl_gear``) and write the
@@ -186,6 +201,8 @@ def _trl_worker(name: str, steps: int, micro_batch: int, overrides: list[str],
 
     # rollout.dtype=fp32: the runtime keeps no bf16 sampler copy (TRL samples from the policy)
     config = load_config(None, [*overrides, "rollout.dtype=fp32"])
+    if config.precision not in ("bf16", "fp32"):
+        raise ValueError(f"precision={config.precision!r}: the driver resolves it first")
     runtime = build_runtime(config)  # the trainer's own loading: model, tokenizer, task
     model, tokenizer, task = runtime.model, runtime.tokenizer, runtime.task
     if task.agent is not None or task.env is not None:
@@ -223,7 +240,8 @@ def _trl_worker(name: str, steps: int, micro_batch: int, overrides: list[str],
         learning_rate=optim.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=optim.weight_decay, adam_beta1=optim.beta1, adam_beta2=optim.beta2,
         adam_epsilon=optim.eps, max_grad_norm=optim.grad_clip, optim="adamw_torch",
-        bf16=True, use_cpu=runtime.device.type == "cpu", gradient_checkpointing=False,
+        bf16=config.precision == "bf16", use_cpu=runtime.device.type == "cpu",
+        gradient_checkpointing=False,
         shuffle_dataset=False, remove_unused_columns=False, seed=config.seed,
         logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
@@ -364,7 +382,8 @@ def _run(command: list[str], env: dict[str, str], label: str, timeout: float
 
 def run_config(name: str, *, steps: int, threads: int, micro_batch: int,
                overrides: list[str], workdir: Path, timeout: float,
-               trl_gear_signals: str = "autocast") -> dict[str, Any]:
+               trl_gear_signals: str = "autocast", precision: str = "bf16"
+               ) -> dict[str, Any]:
     """One configuration in its own process; returns its per-step records or its error.
     ``micro_batch`` is TRL's ``per_device_train_batch_size`` (gear-rl packs its own)."""
     env = dict(os.environ)
@@ -372,7 +391,7 @@ def run_config(name: str, *, steps: int, threads: int, micro_batch: int,
                OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     total = steps + 1  # one warm-up step
-    shared = [f"threads={threads}", *overrides]
+    shared = [f"threads={threads}", f"precision={precision}", *overrides]
     folder = workdir / name
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -469,7 +488,8 @@ def print_table(summary: dict[str, Any], info: dict[str, Any], threads: int) -> 
     flags = info["flags"]
     print(f"machine: {info['cpu']}, {info['cpus']} CPUs; avx512f {flags['avx512f']}, "
           f"avx512_bf16 {flags['avx512_bf16']}, amx_bf16 {flags['amx_bf16']}; torch "
-          f"{info['torch']}, {threads} threads; trl {info['trl']}, transformers "
+          f"{info['torch']}, {threads} threads, precision {info.get('precision')}; "
+          f"trl {info['trl']}, transformers "
           f"{info['transformers']}; load average at start "
           + " ".join(f"{x:.2f}" for x in info["load_average"]) + ", at the end "
           + " ".join(f"{x:.2f}" for x in info.get("load_average_end", ())))
@@ -524,6 +544,9 @@ def main() -> int:
                         help="trl_gear: run GEARTrainer's signal pass under TRL's bf16 autocast "
                              "(default, the same precision as gear-rl's) or as the integration "
                              "runs it (fp32: it calls the backbone outside TRL's autocast)")
+    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="compute precision of every run: bf16 autocast or fp32; auto: "
+                             "bf16 where the processor computes it natively, else fp32")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before one run is killed")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -543,6 +566,8 @@ def main() -> int:
         parser.error("--steps, --threads, --rounds and --micro-batch must be >= 1")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     info = machine_info()
+    precision = resolve_precision(args.precision)
+    info["precision"] = precision
     results = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vs_trl-") as tmp:
@@ -553,7 +578,7 @@ def main() -> int:
                     name, steps=args.steps, threads=args.threads,
                     micro_batch=args.micro_batch, overrides=args.overrides,
                     workdir=Path(tmp) / f"round{round_index}", timeout=args.timeout,
-                    trl_gear_signals=args.trl_gear_signals))
+                    trl_gear_signals=args.trl_gear_signals, precision=precision))
     summary = summarize(results, args.steps)
     info["load_average_end"] = os.getloadavg()
     print_table(summary, info, args.threads)

@@ -22,7 +22,7 @@ from conftest import kill_when
 from gear_rl.cli import main
 from gear_rl.rundir import RunDir
 from gear_rl.study import analyze_study, parse_spec, write_study
-from gear_rl.study.runner import default_parallelism, plan_cells
+from gear_rl.study.runner import default_parallelism, plan_cells, select_cells
 from gear_rl.study.stats import (
     bootstrap_mean,
     minimum_detectable,
@@ -343,6 +343,49 @@ def test_cli_arguments(tmp_path: Path, capsys) -> None:
     # nothing trained: the report says so for each task
     assert main(["study", str(path), f"out={tmp_path / 'o'}", "train=false"]) == 0
     assert "No cell of this task has finished yet" in (tmp_path / "o" / "study.md").read_text()
+
+
+def test_a_part_of_a_study_is_selected_by_method_and_seed(tmp_path: Path, capsys) -> None:
+    spec = parse_spec(_spec())  # grpo seeds 0, 1; gear seeds 0, 1, 2
+
+    def names(cells: list) -> list[str]:
+        return [cell.name for cell in cells]
+
+    assert names(select_cells(spec)) == names(spec.cells())
+    assert names(select_cells(spec, ["gear"])) == ["arith/gear-s0", "arith/gear-s1",
+                                                   "arith/gear-s2"]
+    assert names(select_cells(spec, seeds=[1])) == ["arith/grpo-s1", "arith/gear-s1"]
+    assert names(select_cells(spec, ["grpo", "gear"], [1, 2])) == [
+        "arith/grpo-s1", "arith/gear-s1", "arith/gear-s2"]
+    with pytest.raises(ValueError, match=r"methods=rlsd: not a method of 't' \(its methods: "
+                                         r"grpo, gear\)"):
+        select_cells(spec, ["rlsd"])
+    with pytest.raises(ValueError, match=r"seeds=7: no method of 't' has it \(its seeds: "
+                                         r"0, 1, 2\)"):
+        select_cells(spec, seeds=[7])
+    with pytest.raises(ValueError, match="selects no cell"):
+        select_cells(spec, ["grpo"], [2])
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_spec()))
+    for argument, message in (("methods=grpo,", "comma-separated list"),
+                              ("seeds=a", "comma-separated integers"),
+                              ("methods=rlsd", "not a method of 't'")):
+        assert main(["study", str(path), f"out={tmp_path / 'o'}", argument]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o" / "cells").exists()  # refused before anything trained
+
+
+@pytest.mark.slow
+def test_only_the_selected_cells_train(tmp_path: Path) -> None:
+    from gear_rl.study import run_study
+
+    spec = parse_spec(_spec(seeds=[0], methods={"grpo": {}, "gear": {}}))
+    seen = []
+    result = run_study(spec, tmp_path, jobs=1, threads=1, progress=False, on_cell=seen.append,
+                       methods=["gear"])
+    assert [o.cell.name for o in seen] == ["arith/gear-s0"] and not result.failed
+    assert {p.cell.name: p.state for p in plan_cells(spec, tmp_path)} == {
+        "arith/grpo-s0": "new", "arith/gear-s0": "finished"}
 
 
 # ------------------------------------------------------------------------------ paired evaluation

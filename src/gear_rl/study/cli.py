@@ -1,4 +1,5 @@
-"""``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [train=false] [progress=false]``."""
+"""``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B] [seeds=0,1]
+[train=false] [progress=false]``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import difflib
 import sys
 from pathlib import Path
 
-USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [train=false]
-                     [progress=false]
+USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B]
+                     [seeds=0,1] [train=false] [progress=false]
 
 Train every cell (task x method x seed) of a study file with identical settings, then write
 study.md, study.json and plots/ into out= (default runs/study/<name>). Rerun the same command
@@ -20,11 +21,15 @@ the file and every number.
                 bounded by memory; measured faster than fewer cells with more threads,
                 benchmarks/study_parallel.py)
   threads=N     torch threads per cell (default: cores / jobs)
+  methods=A,B   train only these methods' cells (e.g. the baseline and the method under
+                test first); the others wait for a later run. The report covers every
+                finished cell.
+  seeds=0,1     train only these seeds' cells (with methods=, both must match)
   train=false   only write the results from the cells finished so far
   progress=false  no progress bar
 """
 
-_KEYS = ("out", "jobs", "threads", "train", "progress")
+_KEYS = ("out", "jobs", "threads", "methods", "seeds", "train", "progress")
 
 
 def _bool(key: str, value: str) -> bool:
@@ -41,14 +46,29 @@ def _positive(key: str, value: str) -> int:
     return int(value)
 
 
+def _names(key: str, value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise ValueError(f"{key} must be a comma-separated list, got {value!r}")
+    return names
+
+
+def _seeds(value: str) -> list[int]:
+    names = _names("seeds", value)
+    if not all(name.lstrip("-").isdigit() for name in names):
+        raise ValueError(f"seeds must be comma-separated integers, got {value!r}")
+    return [int(name) for name in names]
+
+
 def main(argv: list[str]) -> int:
     """The ``gear-rl study`` command; returns its exit status (0 done, 1 a cell failed or the
     study was interrupted, 2 a bad spec or argument)."""
     if not argv or any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0 if argv else 2
+    from gear_rl.rundir import RunDir
     from gear_rl.study.report import analyze_study, write_study
-    from gear_rl.study.runner import run_study
+    from gear_rl.study.runner import run_study, select_cells
     from gear_rl.study.spec import load_spec
 
     try:
@@ -71,9 +91,13 @@ def main(argv: list[str]) -> int:
         threads = _positive("threads", options["threads"]) if "threads" in options else None
         train = _bool("train", options.get("train", "true"))
         progress = _bool("progress", options.get("progress", "true"))
+        methods = _names("methods", options["methods"]) if "methods" in options else None
+        seeds = _seeds(options["seeds"]) if "seeds" in options else None
+        selected = select_cells(spec, methods, seeds)  # a bad selection fails before training
         run = None
         if train:
-            run = run_study(spec, out, jobs=jobs, threads=threads, progress=progress)
+            run = run_study(spec, out, jobs=jobs, threads=threads, progress=progress,
+                            methods=methods, seeds=seeds)
         result = write_study(analyze_study(spec, out))
     except ValueError as error:
         print(f"gear-rl study: {error}", file=sys.stderr)
@@ -83,6 +107,13 @@ def main(argv: list[str]) -> int:
         print("gear-rl study: interrupted; rerun the same command to continue (finished cells "
               "are kept)", file=sys.stderr)
         return 1
+    if run is not None and len(selected) < len(run.planned):
+        waiting = [p.cell.name for p in run.planned if p.cell not in selected
+                   and not RunDir(p.run_dir).finished()]
+        if waiting:
+            print(f"gear-rl study: {len(waiting)} cell(s) outside methods=/seeds= not trained "
+                  f"yet ({', '.join(waiting[:6])}{', ...' if len(waiting) > 6 else ''}); "
+                  "rerun without them to complete the study", file=sys.stderr)
     if run is not None and run.failed:
         names = ", ".join(o.cell.name for o in run.failed)
         print(f"gear-rl study: {len(run.failed)} cell(s) failed: {names}; their logs are "

@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,7 +41,7 @@ from gear_rl.study.spec import Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
-           "machine_info", "plan_cells", "run_study"]
+           "machine_info", "plan_cells", "run_study", "select_cells"]
 
 # Measured by benchmarks/study_parallel.py on the project's 2-core Xeon (AMX), shared with other
 # sessions (load average 8-12; docs/study.md): a pair of SmolLM2-135M cells (2 steps) took 544 s
@@ -225,10 +225,43 @@ class _Running:
     log: IO[str]
 
 
+def select_cells(spec: StudySpec, methods: Sequence[str] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Cell]:
+    """The cells of ``spec`` whose method is in ``methods`` and whose seed is in ``seeds``
+    (None: any), in the runner's order: a study can be trained a part at a time (e.g. the
+    baseline and the method under test first) and completed by a later run.
+
+    Raises:
+        ValueError: a method the spec does not have, a seed no method of the spec has, or a
+            selection that leaves no cell.
+    """
+    keys = [m.key for m in spec.methods]
+    unknown = [m for m in methods or () if m not in keys]
+    if unknown:
+        raise ValueError(f"study: methods={','.join(unknown)}: not a method of "
+                         f"{spec.name!r} (its methods: {', '.join(keys)})")
+    known_seeds = sorted({seed for m in spec.methods for seed in m.seeds})
+    missing = [seed for seed in seeds or () if seed not in known_seeds]
+    if missing:
+        raise ValueError(f"study: seeds={','.join(map(str, missing))}: no method of "
+                         f"{spec.name!r} has it (its seeds: "
+                         f"{', '.join(map(str, known_seeds))})")
+    cells = [cell for cell in spec.cells()
+             if (methods is None or cell.method.key in methods)
+             and (seeds is None or cell.seed in seeds)]
+    if not cells:
+        raise ValueError(f"study: methods={','.join(methods or keys)} with "
+                         f"seeds={','.join(map(str, seeds or known_seeds))} selects no cell "
+                         f"of {spec.name!r}")
+    return cells
+
+
 def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
               threads: int | None = None, progress: bool = True,
               python: str = sys.executable,
-              on_cell: Callable[[CellOutcome], None] | None = None) -> StudyRun:
+              on_cell: Callable[[CellOutcome], None] | None = None,
+              methods: Sequence[str] | None = None,
+              seeds: Sequence[int] | None = None) -> StudyRun:
     """Train every unfinished cell of ``spec`` under ``out`` (see the module docstring).
 
     Args:
@@ -239,10 +272,14 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
             a line per finished cell on stderr.
         python: the interpreter of the cell processes.
         on_cell: called with each cell's outcome as it ends.
+        methods, seeds: train only the cells of these methods and seeds
+            (:func:`select_cells`; None: all). Every cell is still planned and checked; the
+            others are left as they are for a later run.
 
     Raises:
-        ValueError: a bad ``jobs``/``threads``, a study folder in use by another study, or a
-            cell folder holding a run of another config (checked before anything trains).
+        ValueError: a bad ``jobs``/``threads``/``methods``/``seeds``, a study folder in use by
+            another study, or a cell folder holding a run of another config (checked before
+            anything trains).
     """
     if jobs is None or threads is None:
         default_jobs, default_threads = default_parallelism()
@@ -251,6 +288,7 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     if jobs < 1 or threads < 1:
         raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
                          f"threads={threads}")
+    selected = {cell.name for cell in select_cells(spec, methods, seeds)}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folder = RunDir(out)
@@ -263,12 +301,12 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
         result = StudyRun(out=out, planned=planned)
         todo = []
         for item in planned:
-            if item.state == "finished":
+            if item.state == "finished" or item.cell.name not in selected:
                 continue
             if item.state == "no_checkpoint":  # nothing to resume from: start it again
                 shutil.rmtree(item.run_dir)
             todo.append(item)
-        _train(todo, len(planned), out, jobs=jobs, threads=threads, progress=progress,
+        _train(todo, len(selected), out, jobs=jobs, threads=threads, progress=progress,
                python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
                on_cell=on_cell)
     finally:
