@@ -192,6 +192,40 @@ def test_score_estimate_ranks_an_aligned_estimator_above_uniform_credit() -> Non
     assert good["spearman"].groups == 4 and good["spearman"].trajectories == 12
 
 
+def test_mean_weight_per_outcome_sign_sees_what_rankings_cannot() -> None:
+    """Scaling each trajectory's credit by a sign-dependent factor (GEAR's degenerate segment:
+    W = 0.5 on a success, 1.5 on a failure) leaves every ranking score as it was; the mean
+    weight per sign shows it, token-weighted over trajectories, GRPO's being 1 on both."""
+    rng = np.random.default_rng(1)
+    units, uniform, skewed = [], [], []
+    for i in range(8):
+        length = 3 + i % 3
+        outcome = 1.5 if i % 4 == 0 else -0.5  # one success per group of four
+        units.append(TrajectoryUnits(group=i // 4, truth=rng.normal(size=length),
+                                     truth_se=np.full(length, 0.1), outcome=outcome,
+                                     tokens=np.full(length, 2.0)))
+        shape = rng.uniform(0.5, 1.5, size=length)
+        uniform.append(np.full(length, 2.0 * outcome))  # GRPO: A_i on each of 2 tokens a unit
+        skewed.append(shape * (0.5 if outcome > 0 else 1.5) * 2.0 * outcome)
+    floor = score_estimate(units, uniform, ks=(1,), resamples=200)
+    assert floor["weight_pos"].value == pytest.approx(1.0)
+    assert floor["weight_neg"].value == pytest.approx(1.0)
+    assert floor["weight_pos"].trajectories == 2 and floor["weight_neg"].trajectories == 6
+    scaled = score_estimate(units, [u * (3.0 if i % 4 else 0.2) for i, u in enumerate(skewed)],
+                            ks=(1,), resamples=200)
+    plain = score_estimate(units, skewed, ks=(1,), resamples=200)
+    assert scaled["spearman"].value == pytest.approx(plain["spearman"].value)  # blind to it
+    expected = {
+        name: sum(float(np.sum(e)) / u.outcome for u, e in zip(units, skewed, strict=True)
+                  if u.outcome * sign > 0)
+        / sum(float(u.tokens.sum()) for u in units if u.outcome * sign > 0)
+        for name, sign in (("weight_pos", 1), ("weight_neg", -1))}
+    assert plain["weight_pos"].value == pytest.approx(expected["weight_pos"])
+    assert plain["weight_neg"].value == pytest.approx(expected["weight_neg"])
+    assert plain["weight_pos"].value < 0.8 < 1.2 < plain["weight_neg"].value
+    assert "weight_pos" not in score_estimate(units, uniform, weights=False, resamples=10)
+
+
 # ------------------------------------------------------------------ (a) decided at one token
 def test_task_decided_at_one_token(tmp_path: Path) -> None:
     config = load_config(None, [*SMALL, "rollout.max_new_tokens=8"])

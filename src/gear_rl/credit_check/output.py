@@ -50,7 +50,7 @@ def _score_table(data: dict[str, Any], truth: str, ks: list[int], ceiling: bool)
     if reference is not None:
         head.append(f"Δ Spearman vs {reference}")
     head += [f"P@{k} (chance)" for k in ks]
-    head += ["|MC| mass in segments (token share)", "n"]
+    head += ["|MC| mass in segments (token share)", "mean W, A>0 / A<0", "n"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cells(label: str, scores: dict[str, Any], diff: dict[str, Any] | None) -> list[str]:
@@ -64,6 +64,11 @@ def _score_table(data: dict[str, Any], truth: str, ks: list[int], ceiling: bool)
         mass = scores.get("segment_mass")
         row.append("—" if mass is None else f"{_interval(mass, signed=False)} "
                    f"({_num((scores.get('segment_tokens') or {}).get('value'), False)})")
+        if scores.get("weight_pos") is None:
+            row.append("—")
+        else:
+            row.append(" / ".join(_num((scores.get(name) or {}).get("value"), signed=False,
+                                       digits=2) for name in ("weight_pos", "weight_neg")))
         spearman = scores.get("spearman") or {}
         row.append(f"{spearman.get('trajectories', 0)} ({spearman.get('groups', 0)} groups)")
         return row

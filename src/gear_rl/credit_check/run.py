@@ -848,7 +848,8 @@ def _score(config: TrainConfig, check: CreditCheckConfig, rows: list[dict[str, A
                                         for name, units in truth_sets.items()}}
     if replicates > 1:
         second = [truths[i].advantages(1) for i in indices]
-        result["ceiling"] = as_dict(score_estimate(truth_sets["first"], second, ks=ks, **boot))
+        result["ceiling"] = as_dict(score_estimate(truth_sets["first"], second, ks=ks,
+                                                   weights=False, **boot))
     for key, replicate in (("mean_value_se", None), ("mean_value_se_replicate", 0)):
         values_se = [truths[i].stderr(replicate)[~np.array(truths[i].terminal)]
                      for i in indices]

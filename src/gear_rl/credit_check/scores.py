@@ -17,6 +17,12 @@ unit's policy tokens. Per trajectory (docs/credit_check.md defines each score):
 - **segment mass**: the share of ``|truth|`` mass inside GEAR's segments (a unit counts inside
   in proportion to its policy tokens inside a segment), beside the share of policy tokens inside
   (what the mass share would be if segments were placed blind).
+- **mean weight per outcome sign**: the estimator's total credit of a trajectory over its
+  outcome advantage times its policy tokens (``sum_t Ahat_t / (A_i * n_i)``: the mean of GEAR's
+  ``W``), pooled over the trajectories with ``A_i > 0`` and, apart, ``A_i < 0``. GRPO's is 1 on
+  both. Spearman and precision are blind to a trajectory-wide factor; this is what shows it: a
+  reading whose weights average 0.6 on successes and 1.4 on failures pushes a group's failures
+  down harder than it lifts its successes (docs/credit_check.md).
 - **opposed mass** (of the truth itself): the share of ``|truth|`` mass on units whose sign is
   the opposite of their trajectory's outcome advantage, credit that no estimator preserving the
   outcome's sign on every token can represent.
@@ -196,8 +202,9 @@ def per_trajectory_scores(units: TrajectoryUnits, estimate: np.ndarray, ks: Sequ
 
 def score_estimate(units: Sequence[TrajectoryUnits], estimates: Sequence[np.ndarray], *,
                    ks: Sequence[int] = (1, 3),
-                   inside: Sequence[np.ndarray] | None = None, resamples: int = 2000,
-                   confidence: float = 0.95, seed: int = 0) -> dict[str, Interval]:
+                   inside: Sequence[np.ndarray] | None = None, weights: bool = True,
+                   resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+                   ) -> dict[str, Interval]:
     """Scores of one estimator over trajectories.
 
     Args:
@@ -206,11 +213,15 @@ def score_estimate(units: Sequence[TrajectoryUnits], estimates: Sequence[np.ndar
         ks: the ``k`` of precision@k.
         inside: per trajectory, ``[U]`` the share of each unit's policy tokens inside the
             estimator's GEAR segments (None: it has no segments).
+        weights: also ``weight_pos`` / ``weight_neg``, the mean weight per outcome sign
+            (module docstring); False where the estimates are not token advantages (the noise
+            ceiling scores one truth replicate against another).
         resamples, confidence, seed: the bootstrap (:func:`cluster_bootstrap`).
 
     Returns:
-        ``spearman``, ``precision@k``, ``chance@k`` and, with ``inside``, ``segment_mass`` and
-        ``segment_tokens`` (the share of policy tokens inside segments).
+        ``spearman``, ``precision@k``, ``chance@k``, with ``weights`` ``weight_pos`` and
+        ``weight_neg``, and, with ``inside``, ``segment_mass`` and ``segment_tokens`` (the
+        share of policy tokens inside segments).
     """
     if len(estimates) != len(units):
         raise ValueError(f"{len(estimates)} estimates for {len(units)} trajectories")
@@ -220,6 +231,12 @@ def score_estimate(units: Sequence[TrajectoryUnits], estimates: Sequence[np.ndar
     ones = np.ones(len(units))
     out = {name: cluster_bootstrap([r[name] for r in rows], ones, groups, **boot)
            for name in rows[0]} if rows else {}
+    if weights:
+        tokens = [float(u.tokens.sum()) for u in units]
+        for name, sign in (("weight_pos", 1.0), ("weight_neg", -1.0)):
+            out[name] = cluster_bootstrap(
+                [float(np.sum(e)) / u.outcome if u.outcome * sign > 0 else math.nan
+                 for u, e in zip(units, estimates, strict=True)], tokens, groups, **boot)
     if inside is not None:
         if len(inside) != len(units):
             raise ValueError(f"{len(inside)} segment shares for {len(units)} trajectories")
