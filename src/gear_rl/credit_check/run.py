@@ -68,7 +68,7 @@ from gear_rl.signals import TeacherPromptConfig, teacher_prompt_ids, token_signa
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
-from gear_rl.train.episodes import collect, decode_response
+from gear_rl.train.episodes import collect, decode_response, step_extras
 from gear_rl.train.runtime import agent_limits, rollout_settings
 
 __all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
@@ -373,11 +373,9 @@ def _step_extras(row: EstimatorRow, trajectories: list[dict[str, Any]],
     if any("step_spans" not in t for t in chosen):
         raise ValueError(f"{row.label}: the trajectories carry no turns (step spans): a "
                          "step-level estimator needs an agent task's episodes")
-    extras: dict[str, Any] = {"step_spans": [[tuple(s) for s in t["step_spans"]]
-                                             for t in chosen]}
-    if any("step_rewards" in t for t in chosen):
-        extras["step_rewards"] = [t["step_rewards"] for t in chosen]
-    return extras
+    rewards = ([t["step_rewards"] for t in chosen] if any("step_rewards" in t for t in chosen)
+               else None)
+    return step_extras([[tuple(s) for s in t["step_spans"]] for t in chosen], rewards) or {}
 
 
 def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: torch.Tensor,

@@ -30,7 +30,7 @@ from gear_rl.train.rollout import RowStop, sample_responses
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Rows", "collect", "decode_response", "task_turns", "turn_rewards"]
+__all__ = ["Rows", "collect", "decode_response", "step_extras", "task_turns", "turn_rewards"]
 
 
 def task_turns(task: Task) -> int | None:
@@ -43,6 +43,22 @@ def decode_response(tokenizer: Any, response_ids: Sequence[int], finished: bool)
     """Text of a response without its end-of-turn token (and without special tokens)."""
     ids = list(response_ids[:-1] if finished else response_ids)
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def step_extras(step_spans: list[list[tuple[int, int]]] | None,
+                step_rewards: list[list[float]] | None = None,
+                state_keys: list[list[Hashable]] | None = None) -> dict[str, Any] | None:
+    """The step-level estimators' inputs (``CreditBatch.extras``) of multi-turn rows: per row
+    and step, the turn's token span, and where there are any, its reward and state key. None
+    without step spans (single-turn rows)."""
+    if step_spans is None:
+        return None
+    extras: dict[str, Any] = {"step_spans": step_spans}
+    if step_rewards is not None:
+        extras["step_rewards"] = step_rewards
+    if state_keys is not None:
+        extras["state_keys"] = state_keys
+    return extras
 
 
 @dataclass

@@ -52,7 +52,7 @@ from gear_rl.signals.teacher import Placement, ReferenceKind
 from gear_rl.tasks import Problem, Task, check_prompt_lengths
 from gear_rl.train.checkpoint import save_checkpoint
 from gear_rl.train.config import TrainConfig
-from gear_rl.train.episodes import Rows, collect, task_turns
+from gear_rl.train.episodes import collect, step_extras, task_turns
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
 from gear_rl.train.records import (
     Scores,
@@ -286,7 +286,8 @@ class Trainer:
                          response_ids=rows.response_ids, finished=rows.finished,
                          texts=rows.texts, rewards=torch.tensor(rows.rewards),
                          policy_masks=rows.policy_masks, turn_ids=rows.turn_ids,
-                         extras=_step_extras(rows), rollout_metrics=rows.metrics)
+                         extras=step_extras(rows.step_spans, rows.step_rewards,
+                                            rows.state_keys), rollout_metrics=rows.metrics)
 
     # ------------------------------------------------------------------ 2. score
     @torch.no_grad()
@@ -720,18 +721,6 @@ class Trainer:
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(key.replace("@", "_at_"), value, record["step"])
             self.writer.flush()
-
-
-def _step_extras(rows: Rows) -> dict[str, Any] | None:
-    """The step-level estimators' inputs (``CreditBatch.extras``) of multi-turn rows."""
-    if rows.step_spans is None:
-        return None
-    extras: dict[str, Any] = {"step_spans": rows.step_spans}
-    if rows.step_rewards is not None:
-        extras["step_rewards"] = rows.step_rewards
-    if rows.state_keys is not None:
-        extras["state_keys"] = rows.state_keys
-    return extras
 
 
 def _progress_postfix(record: dict[str, Any], k: int) -> dict[str, str]:
