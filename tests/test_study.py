@@ -22,6 +22,7 @@ from conftest import kill_when
 from gear_rl.cli import main
 from gear_rl.rundir import RunDir
 from gear_rl.study import analyze_study, parse_spec, write_study
+from gear_rl.study.report import cell_machines
 from gear_rl.study.runner import default_parallelism, plan_cells, select_cells
 from gear_rl.study.stats import (
     bootstrap_mean,
@@ -275,6 +276,29 @@ def test_analysis_of_known_cells(tmp_path: Path) -> None:
     assert f"**{gear.versus.verdict}**" in text and "| gear | 0,1 | 0.625 |" in text
     assert "detectable (MDD)" in text and "**Bottom line** (against grpo)" in text
     assert (tmp_path / "plots" / "arith-curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Cells trained on: processor not recorded, precision not recorded." in text
+
+
+def test_the_report_names_where_each_cell_trained(tmp_path: Path) -> None:
+    """A study that spans machines (seed 0 on a Xeon in bf16, seed 1 on an EPYC in fp32)
+    says which cells ran where; the cells' run.json is what records it."""
+    spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}, budget=TINY_BUDGET))
+    for seed, info in ((0, {"cpu": "Intel Xeon", "autocast_bf16": True}),
+                       (1, {"cpu": "AMD EPYC", "autocast_bf16": False})):
+        for method in ("grpo", "gear"):
+            run = _write_cell(tmp_path, "arith", method, method, seed, [[1, 0], [0, 0]])
+            (run / "run.json").write_text(json.dumps(info))
+    result = write_study(analyze_study(spec, tmp_path))
+    assert cell_machines(result) == {
+        "Intel Xeon, bf16 autocast": ["arith/grpo-s0", "arith/gear-s0"],
+        "AMD EPYC, fp32": ["arith/grpo-s1", "arith/gear-s1"]}
+    text = (tmp_path / "study.md").read_text()
+    assert ("more than one machine or precision (compare methods within a seed, whose cells "
+            "ran alike where the study ran them side by side): Intel Xeon, bf16 autocast (2: "
+            "arith/grpo-s0, arith/gear-s0); AMD EPYC, fp32 (2: arith/grpo-s1, "
+            "arith/gear-s1).") in text
+    saved = json.loads((tmp_path / "study.json").read_text())
+    assert saved["cell_machines"]["AMD EPYC, fp32"] == ["arith/grpo-s1", "arith/gear-s1"]
 
 
 def test_cells_whose_settings_differ_are_refused(tmp_path: Path) -> None:
@@ -386,6 +410,10 @@ def test_only_the_selected_cells_train(tmp_path: Path) -> None:
     assert [o.cell.name for o in seen] == ["arith/gear-s0"] and not result.failed
     assert {p.cell.name: p.state for p in plan_cells(spec, tmp_path)} == {
         "arith/grpo-s0": "new", "arith/gear-s0": "finished"}
+    from gear_rl.train.runtime import cpu_model
+
+    info = RunDir(tmp_path / "cells/arith/gear-s0").read_info()
+    assert info["cpu"] == cpu_model() and isinstance(info["autocast_bf16"], bool)
 
 
 # ------------------------------------------------------------------------------ paired evaluation

@@ -307,6 +307,19 @@ class RunDir:
             atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     # ---- reading
+    def read_info(self) -> dict[str, Any]:
+        """``run.json``, the run's facts (device, precision, processor...); {} when absent."""
+        path = self.path / RUN_INFO
+        if not path.is_file():
+            return {}
+        try:
+            loaded = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON ({error})") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: expected a JSON object")
+        return loaded
+
     def read_config(self) -> dict[str, Any]:
         """``config.yaml`` as a dict ({} when absent)."""
         if not self.config_path.is_file():

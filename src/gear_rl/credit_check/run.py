@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import platform
 import random
 import sys
 import time
@@ -69,7 +68,7 @@ from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
 from gear_rl.train.episodes import collect, decode_response, step_extras
-from gear_rl.train.runtime import agent_limits, rollout_settings
+from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
 
 __all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
            "check_task", "credit_check", "plan_rows", "run_check_config", "task_reward_fn"]
@@ -512,14 +511,7 @@ def _weights_fingerprint(model: torch.nn.Module) -> str:
 
 
 def _machine(device: torch.device) -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    name = cpu_model()
     if device.type == "cuda":
         name = f"{torch.cuda.get_device_name(device)} (host: {name})"
     return f"{name}, {torch.get_num_threads()} torch threads, device {device}"

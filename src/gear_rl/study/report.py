@@ -400,6 +400,32 @@ DEFINITIONS = """## How to read the numbers
 """
 
 
+def cell_machines(result: StudyResult) -> dict[str, list[str]]:
+    """The finished cells grouped by where they trained: ``"<processor>, <precision>"`` (from
+    each cell's ``run.json``; runs from before the processor was recorded say so) -> cell
+    names. A study may span sessions and machines; bf16 is native on some processors and
+    emulated on others, so a cell's precision can differ from its neighbour's."""
+    groups: dict[str, list[str]] = {}
+    for task in result.tasks:
+        for method in task.methods:
+            for cell in method.cells:
+                info = RunDir(cell.run.path).read_info()
+                precision = ("bf16 autocast" if info.get("autocast_bf16")
+                             else "fp32" if "autocast_bf16" in info else "precision not recorded")
+                where = f"{info.get('cpu', 'processor not recorded')}, {precision}"
+                groups.setdefault(where, []).append(cell.cell.name)
+    return groups
+
+
+def _machines_line(groups: dict[str, list[str]]) -> str:
+    if len(groups) <= 1:
+        return "".join(f"Cells trained on: {where}." for where in groups)
+    parts = [f"{where} ({len(names)}: {', '.join(names)})" for where, names in groups.items()]
+    return ("Cells trained on more than one machine or precision (compare methods within a "
+            "seed, whose cells ran alike where the study ran them side by side): "
+            + "; ".join(parts) + ".")
+
+
 def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any]) -> str:
     spec = result.spec
     stats = spec.statistics
@@ -413,7 +439,8 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
               f"{'yes' if machine.get('amx_bf16') else 'no'}, torch {machine.get('torch')}. "
               f"Cell wall time: {timing['cells_finished']} cells finished, "
               f"{timing['total_hours']:.2f} h in all, median {timing['median_minutes']:.1f} min "
-              f"per cell (on this machine, shared with other work: timings are indicative).", "",
+              f"per cell (on this machine, shared with other work: timings are indicative).",
+              _machines_line(cell_machines(result)), "",
               f"Baseline: {spec.method(spec.baseline).label}. Metric: held-out {spec.metric}.", ""]
     for task in result.tasks:
         lines += _task_markdown(spec, task)
@@ -462,6 +489,7 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
             "top_tokens": [vars(r) for r in t.top_tokens], "top_token_sources": t.top_sources,
             "plots": t.plots} for t in result.tasks],
         "timing": {**timing, "machine": machine},
+        "cell_machines": cell_machines(result),
     }
 
 

@@ -39,6 +39,7 @@ from gear_rl.report.compare import run_state
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict
+from gear_rl.train.runtime import cpu_model
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
            "machine_info", "plan_cells", "run_study", "select_cells"]
@@ -62,16 +63,13 @@ def machine_info() -> dict[str, Any]:
     """The CPU model, core count, AMX / AVX-512 flags, memory and torch version."""
     import torch
 
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(),
+    info: dict[str, Any] = {"cpu": cpu_model(),
                             "cores": len(os.sched_getaffinity(0))
                             if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                             "torch": torch.__version__, "python": platform.python_version()}
     flags: set[str] = set()
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        model = next((line for line in lines if line.startswith("model name")), None)
-        if model is not None:
-            info["cpu"] = model.split(":", 1)[1].strip()
         flag_line = next((line for line in lines if line.startswith("flags")), "flags:")
         flags = set(flag_line.split(":", 1)[1].split())
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -26,8 +26,8 @@ from gear_rl.train.rollout import stop_token_ids
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "evaluate_model",
-           "open_run", "release_free_memory", "resolve_device", "resume_config",
+__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "cpu_model",
+           "evaluate_model", "open_run", "release_free_memory", "resolve_device", "resume_config",
            "rollout_settings", "run_evaluation", "run_path", "sandbox_secrets", "task_sandbox"]
 
 
@@ -39,6 +39,21 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available")
     return device
+
+
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``; else what :mod:`platform` knows): bf16
+    is native on some of the machines this project runs on and emulated on others, so results
+    record it."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def bf16_is_native(device: torch.device) -> bool:
@@ -317,7 +332,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
         run.create(resolved, {
             "task": runtime.task.name, "train_problems": len(runtime.task.train),
             "eval_problems": len(runtime.task.eval), "device": str(runtime.device),
-            "autocast_bf16": runtime.autocast,
+            "cpu": cpu_model(), "autocast_bf16": runtime.autocast,
             "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
             "parameters": sum(p.numel() for p in runtime.model.parameters()),
             "torch": torch.__version__, "argv": sys.argv,
