@@ -230,23 +230,27 @@ def test_project_study_files_are_valid() -> None:
 # ------------------------------------------------------------------------------ hand-made cells
 def _write_cell(out: Path, task: str, method: str, estimator: str, seed: int,
                 rewards: list[list[float]], *, steps: int = 2, k: int = 2,
-                temperature: float = 0.6, credit: dict | None = None) -> Path:
-    """A finished cell directory with known eval records at its final step."""
+                temperature: float = 0.6, credit: dict | None = None,
+                earlier: dict[int, list[list[float]]] | None = None) -> Path:
+    """A finished cell directory with known eval records at its final step (and at the
+    ``earlier`` steps, same problems)."""
     run = out / "cells" / task / f"{method}-s{seed}"
     (run / "eval_records").mkdir(parents=True)
     config = {"model": "tiny-random", "task": "arithmetic", "estimator": estimator,
               "credit": credit or {}, "steps": steps, "seed": seed,
               "eval": {"k": k, "temperature": temperature, "records": True}}
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    records = [{"id": f"p{i}", "answer": "1", "rewards": r} for i, r in enumerate(rewards)]
     mean = float(np.mean([x >= 1 for r in rewards for x in r]))
     metrics = [{"step": s, "reward_mean": 0.1 * s, "entropy_mean": 1.0 - 0.1 * s}
                for s in range(1, steps + 1)]
     metrics[-1][f"eval/mean@{k}"] = mean
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     (run / "samples.jsonl").write_text("")
-    (run / "eval_records" / f"step-{steps:06d}.json").write_text(json.dumps(
-        {"step": steps, "k": k, "seed": 1234, "records": records}))
+    for step, step_rewards in {**(earlier or {}), steps: rewards}.items():
+        step_records = [{"id": f"p{i}", "answer": "1", "rewards": r}
+                        for i, r in enumerate(step_rewards)]
+        (run / "eval_records" / f"step-{step:06d}.json").write_text(json.dumps(
+            {"step": step, "k": k, "seed": 1234, "records": step_records}))
     (run / "summary.json").write_text("{}")
     return run
 
@@ -277,6 +281,33 @@ def test_analysis_of_known_cells(tmp_path: Path) -> None:
     assert "detectable (MDD)" in text and "**Bottom line** (against grpo)" in text
     assert (tmp_path / "plots" / "arith-curves.png").read_bytes()[:4] == b"\x89PNG"
     assert "Cells trained on: processor not recorded, precision not recorded." in text
+
+
+def test_earlier_evaluations_are_compared_too(tmp_path: Path) -> None:
+    """A method that reaches the baseline's final score later shows the gap at the earlier
+    evaluation: step 1, grpo solves 2 of 4 samples on seed 0 and 3 of 4 on seed 1, gear none;
+    at the final step both solve all."""
+    spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}, budget=TINY_BUDGET))
+    full = [[1, 1], [1, 1]]
+    _write_cell(tmp_path, "arith", "grpo", "grpo", 0, full, earlier={1: [[1, 0], [1, 0]]})
+    _write_cell(tmp_path, "arith", "grpo", "grpo", 1, full, earlier={1: [[1, 1], [1, 0]]})
+    for seed in (0, 1):
+        _write_cell(tmp_path, "arith", "gear", "gear", seed, full, earlier={1: [[0, 0], [0, 0]]})
+    result = write_study(analyze_study(spec, tmp_path))
+    task = result.tasks[0]
+    assert list(task.by_step) == [1]
+    grpo, gear = task.by_step[1]
+    assert grpo.estimate.value == pytest.approx(0.625) and grpo.versus is None
+    assert gear.estimate.value == 0.0
+    assert gear.versus.difference == pytest.approx(-0.625)
+    assert task.methods[1].versus.difference == 0.0  # the final step's comparison unchanged
+    text = (tmp_path / "study.md").read_text()
+    assert "| method | step 1 | step 2 |" in text
+    assert f"| gear | 0.000 ({gear.versus.difference:+.3f} [" in text
+    saved = json.loads((tmp_path / "study.json").read_text())
+    step_one = saved["tasks"][0]["by_step"]["1"]
+    assert [m["key"] for m in step_one] == ["grpo", "gear"]
+    assert step_one[1]["versus"]["difference"] == pytest.approx(-0.625)
 
 
 def test_the_report_names_where_each_cell_trained(tmp_path: Path) -> None:

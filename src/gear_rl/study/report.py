@@ -66,6 +66,8 @@ class CellResult:
         cell: the cell. ``run``: its run directory, read. ``final_step``: its last step.
         scores: per held-out problem, its score at the final step (the problems' order).
         problems: the held-out problem ids. ``k``: samples per problem.
+        by_step: per evaluated step (the final one included) on the same problems with the
+            same k, the scores in the same order.
     """
 
     cell: Cell
@@ -74,6 +76,7 @@ class CellResult:
     scores: list[float]
     problems: list[str]
     k: int
+    by_step: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def score(self) -> float:
@@ -113,6 +116,9 @@ class TaskResult:
         final_step, k, problems: the compared evaluation (None / 0 / [] without a finished
             cell).
         top_tokens: the tokens most often above the threshold, over the task's logged samples.
+        by_step: the same comparison at every earlier step that all finished cells evaluated
+            on the same problems (secondary: the verdicts are at the final step); per step,
+            the methods with their estimate and difference, baseline first.
         top_sources: the methods whose samples carried a divergence.
         plots: the figures written (paths relative to the study folder).
     """
@@ -125,6 +131,7 @@ class TaskResult:
     top_tokens: list[TokenCount] = field(default_factory=list)
     top_sources: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
+    by_step: dict[int, list[MethodResult]] = field(default_factory=dict)
 
 
 @dataclass
@@ -157,8 +164,13 @@ def _cell_result(spec: StudySpec, cell: Cell, out: Path) -> CellResult:
     records = data["records"]
     if not records:
         raise ValueError(f"study: cell {cell.name}: the eval records of step {steps} are empty")
-    return CellResult(cell, run, steps, problem_scores(records, spec.metric),
-                      [str(r.get("id")) for r in records], int(data["k"]))
+    problems = [str(r.get("id")) for r in records]
+    by_step = {step: problem_scores(e["records"], spec.metric)
+               for step, e in evaluations.items()
+               if [str(r.get("id")) for r in e["records"]] == problems
+               and int(e["k"]) == int(data["k"])}
+    return CellResult(cell, run, steps, problem_scores(records, spec.metric), problems,
+                      int(data["k"]), by_step)
 
 
 def _check_same_evaluation(task: TaskSpec, cells: list[CellResult]) -> None:
@@ -213,7 +225,6 @@ def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
             held-out problems or k; a finished cell without eval records at its final step.
     """
     out = Path(out)
-    stats = spec.statistics
     tasks = []
     for task in spec.tasks:
         methods = []
@@ -225,25 +236,44 @@ def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
         finished = [c for m in methods for c in m.cells]
         if finished:
             _check_same_evaluation(task, finished)
-        baseline = methods[0]
-        for index, result in enumerate(methods):
-            if not result.cells:
-                continue
-            table = np.array([c.scores for c in result.cells])
-            result.estimate = bootstrap_mean(table, confidence=stats.confidence,
-                                             replicates=stats.bootstrap,
-                                             seed=stats.bootstrap_seed)
-            if index == 0 or not baseline.cells:
-                continue
-            result.versus = paired_difference(
-                table, np.array([c.scores for c in baseline.cells]),
-                seeds_paired=result.seeds == baseline.seeds, confidence=stats.confidence,
-                power=stats.power, replicates=stats.bootstrap, seed=stats.bootstrap_seed)
+        _compare(spec, methods)
+        earlier = (set.intersection(*(set(c.by_step) for c in finished))
+                   - {finished[0].final_step} if finished else set())
+        by_step = {}
+        for step in sorted(earlier):
+            at_step = [MethodResult(m.method, m.cells, m.missing) for m in methods]
+            _compare(spec, at_step, step)
+            by_step[step] = at_step
         top, sources = _top_tokens(finished, spec.threshold, spec.top_tokens)
         tasks.append(TaskResult(task, methods, finished[0].final_step if finished else None,
                                 finished[0].k if finished else 0,
-                                finished[0].problems if finished else [], top, sources))
+                                finished[0].problems if finished else [], top, sources,
+                                by_step=by_step))
     return StudyResult(spec, out, tasks)
+
+
+def _compare(spec: StudySpec, methods: list[MethodResult], step: int | None = None) -> None:
+    """Fill each method's estimate and (but the baseline, ``methods[0]``) its paired
+    difference from the baseline, on its cells' per-problem scores at ``step`` (None: the
+    final step)."""
+    stats = spec.statistics
+
+    def scores(cell: CellResult) -> list[float]:
+        return cell.scores if step is None else cell.by_step[step]
+
+    baseline = methods[0]
+    for index, result in enumerate(methods):
+        if not result.cells:
+            continue
+        table = np.array([scores(c) for c in result.cells])
+        result.estimate = bootstrap_mean(table, confidence=stats.confidence,
+                                         replicates=stats.bootstrap, seed=stats.bootstrap_seed)
+        if index == 0 or not baseline.cells:
+            continue
+        result.versus = paired_difference(
+            table, np.array([scores(c) for c in baseline.cells]),
+            seeds_paired=result.seeds == baseline.seeds, confidence=stats.confidence,
+            power=stats.power, replicates=stats.bootstrap, seed=stats.bootstrap_seed)
 
 
 # ------------------------------------------------------------------------------ writing
@@ -306,6 +336,16 @@ def _visible(token: str) -> str:
     return json.dumps(token)[1:-1].replace("|", "\\|").replace("`", "'") or "(empty)"
 
 
+def _step_cell(method: MethodResult) -> str:
+    if method.estimate is None:
+        return "—"
+    text = f"{method.estimate.value:.3f}"
+    if method.versus is not None:
+        text += (f" ({_fmt(method.versus.difference, True)} "
+                 f"{_interval(method.versus.low, method.versus.high, True)})")
+    return text
+
+
 def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
     task = result.task
     settings = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in task.overrides.items())
@@ -359,6 +399,20 @@ def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
             parts.append("within noise: " + ", ".join(within))
         lines += ["", f"**Bottom line** (against {baseline.method.label}): "
                   + "; ".join(parts) + "."]
+    if result.by_step:
+        steps = [*result.by_step, result.final_step]
+        lines += ["", f"Held-out {name} at every evaluated step (secondary: the verdicts above "
+                  f"are at step {result.final_step}, as registered; these show how fast each "
+                  f"method got there). Beside each method: its difference from "
+                  f"{baseline.method.label} with the {conf} paired interval.", "",
+                  "| method | " + " | ".join(f"step {s}" for s in steps) + " |",
+                  "|---|" + "---|" * len(steps)]
+        for index, method in enumerate(result.methods):
+            if not method.cells:
+                continue
+            row = [*(result.by_step[s][index] for s in result.by_step), method]
+            lines.append(f"| {method.method.label} | " + " | ".join(
+                _step_cell(m) for m in row) + " |")
     if result.plots:
         lines += [""] + [f"![{Path(p).stem}]({p})" for p in result.plots]
     lines += ["", f"Tokens most often above a normalised divergence of {spec.threshold:g} "
@@ -486,6 +540,10 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
                 "unfinished": [c.name for c in m.missing],
                 "estimate": _estimate_json(m.estimate), "versus": _versus_json(m.versus)}
                 for m in t.methods],
+            "by_step": {str(step): [{"key": m.method.key,
+                                     "estimate": _estimate_json(m.estimate),
+                                     "versus": _versus_json(m.versus)} for m in methods]
+                        for step, methods in t.by_step.items()},
             "top_tokens": [vars(r) for r in t.top_tokens], "top_token_sources": t.top_sources,
             "plots": t.plots} for t in result.tasks],
         "timing": {**timing, "machine": machine},
