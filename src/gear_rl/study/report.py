@@ -489,11 +489,11 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
     command = f"gear-rl study {spec.path or 'SPEC.yaml'} out={result.out}"
     lines += [f"Reproduce: `{command}` (finished cells are reused; delete `cells/` to train "
               "again).", "",
-              f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, AMX "
+              f"Report written on: {machine.get('cpu')}, {machine.get('cores')} cores, AMX "
               f"{'yes' if machine.get('amx_bf16') else 'no'}, torch {machine.get('torch')}. "
               f"Cell wall time: {timing['cells_finished']} cells finished, "
               f"{timing['total_hours']:.2f} h in all, median {timing['median_minutes']:.1f} min "
-              f"per cell (on this machine, shared with other work: timings are indicative).",
+              "per cell (machines shared with other work: timings are indicative).",
               _machines_line(cell_machines(result)), "",
               f"Baseline: {spec.method(spec.baseline).label}. Metric: held-out {spec.metric}.", ""]
     for task in result.tasks:
