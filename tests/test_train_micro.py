@@ -86,7 +86,11 @@ def test_packing_respects_the_budget_and_keeps_groups_together(tmp_path) -> None
     ("grpo", (), "before"),                                   # credit reads no student signal
     ("gear", ("loss.micro_batch_size=8",), "inline"),         # credit between forward/backward
     ("rlsd", ("loss.kl_coef=0.1", "loss.micro_batch_size=8"), "inline"),
-    ("gear", ("loss.micro_batch_size=8", "loss.micro_batch_tokens=40"), None),  # 2 micro-batches
+    # several micro-batches: a row-local estimator's credit runs per micro-batch...
+    ("gear", ("loss.micro_batch_size=8", "loss.micro_batch_tokens=40"), "inline"),
+    ("rlsd", ("loss.micro_batch_size=8", "loss.micro_batch_tokens=40"), "inline"),
+    # ... one that reads across rows (the batch's top entropy tokens) needs the scoring pass
+    ("top_entropy", ("loss.micro_batch_size=8", "loss.micro_batch_tokens=40"), None),
     ("grpo", ("loss.opsd_coef=0.5",), "before"),              # + self-distillation
 ])
 def test_fused_scoring_gives_the_scoring_pass_gradients(tmp_path, estimator, overrides,
@@ -98,7 +102,11 @@ def test_fused_scoring_gives_the_scoring_pass_gradients(tmp_path, estimator, ove
     trainer = tiny_trainer(tmp_path / "probe", "seed=0", "precision=fp32", "rollout.dtype=fp32",
                            "rollout.max_new_tokens=12", *extra)
     try:
-        assert trainer._fused_mode(trainer.rollout(1)) == mode
+        batch = trainer.rollout(1)
+        assert trainer._fused_mode(batch) == mode
+        if mode != "before":  # the budget decides how many micro-batches there are
+            many = len(trainer._micro_batches(batch, list(range(len(batch.response_ids))))) > 1
+            assert many == ("loss.micro_batch_tokens=40" in overrides)
     finally:
         trainer.close()
     got, _ = _step_gradients(tmp_path, "fused", *extra)
@@ -106,8 +114,12 @@ def test_fused_scoring_gives_the_scoring_pass_gradients(tmp_path, estimator, ove
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
 
 
-def test_fused_scores_equal_the_scoring_pass(tmp_path) -> None:
-    common = ("seed=0", "precision=fp32", "rollout.dtype=fp32", "loss.micro_batch_size=8")
+@pytest.mark.parametrize("budget", [(), ("loss.micro_batch_tokens=40",)])
+def test_fused_scores_equal_the_scoring_pass(tmp_path, budget) -> None:
+    """Same signals, advantages and metrics, with one micro-batch or several (the per
+    micro-batch credit of a row-local estimator)."""
+    common = ("seed=0", "precision=fp32", "rollout.dtype=fp32", "loss.micro_batch_size=8",
+              *budget)
     fused = tiny_trainer(tmp_path / "fused", *common)
     plain = tiny_trainer(tmp_path / "plain", *common, "loss.fuse_scoring=false")
     try:
@@ -120,6 +132,10 @@ def test_fused_scores_equal_the_scoring_pass(tmp_path) -> None:
         assert record["clip_frac"] == 0.0 and record["approx_kl"] == 0.0
         assert record["entropy_mean"] == pytest.approx(plain_record["entropy_mean"], rel=1e-5)
         assert abs(out.scores.entropy).sum() > 0
+        for key, value in plain_record.items():  # every logged number but the timings
+            if isinstance(value, float) and not key.startswith("time/") and not key.endswith(
+                    "_per_s"):
+                assert record[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     finally:
         fused.close()
         plain.close()

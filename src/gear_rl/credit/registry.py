@@ -90,6 +90,11 @@ class Estimator:
         update_mask: update-time token selection, ``fn(entropy [b, t], mask [b, t], config) ->
             [b, t] bool or None`` on one micro-batch under the current policy (see the module
             docstring); use :meth:`select_for_update` and :meth:`update_token_count`.
+        row_local: a row's advantages depend on that row's signals and mask and on the
+            batch's rewards and groups only (never on another row's signals): the trainer may
+            then compute the credit one micro-batch at a time, between each micro-batch's
+            forward and its backward (``loss.fuse_scoring``), instead of in a separate scoring
+            pass over the whole batch.
         paper: the method's paper (for tables and ``--help``).
         description: one line.
     """
@@ -106,6 +111,7 @@ class Estimator:
     uses_reward: bool = True
     self_distillation: bool = False
     update_mask: UpdateMaskFn | None = None
+    row_local: bool = False
     paper: str = ""
     description: str = ""
 
@@ -214,6 +220,7 @@ def register_estimator(
     uses_reward: bool = True,
     self_distillation: bool = False,
     update_mask: UpdateMaskFn | None = None,
+    row_local: bool = False,
     paper: str = "",
     description: str = "",
 ) -> Callable[[F], F]:
@@ -246,8 +253,8 @@ def register_estimator(
             fixed=MappingProxyType(pinned), segments=segments,
             step_level=step_level or step_fn is not None, step_fn=step_fn,
             needs_states=needs_states, uses_reward=uses_reward,
-            self_distillation=self_distillation, update_mask=update_mask, paper=paper,
-            description=description)
+            self_distillation=self_distillation, update_mask=update_mask,
+            row_local=row_local, paper=paper, description=description)
         return fn
 
     return decorator

@@ -165,8 +165,9 @@ class LossConfig:
             no-grad scoring pass: PPO's old log-probs are the update forward's own, detached
             (TRL's rule; the ratio is 1), and the student's entropy and the teacher signals
             come from that forward too. An estimator that reads student signals (GEAR) then
-            gets its advantages between the forward and the backward, which needs the batch in
-            one micro-batch (``micro_batch_tokens``); otherwise the scoring pass runs.
+            gets its advantages between the forward and the backward: each micro-batch's own
+            rows for a row-local estimator (GEAR, RLSD), else the batch must fit one
+            micro-batch (``micro_batch_tokens``); otherwise the scoring pass runs.
         checkpoint_layers: run the update's forward with every decoder layer checkpointed
             (the backward recomputes each layer from its input: activation memory of one
             ``[tokens, hidden]`` tensor per layer, for one more forward, about a third more

@@ -350,15 +350,17 @@ class Trainer:
         the policy that is updated is then the one whose log-probs the scoring pass would
         compute, so PPO's old log-probs are the update forward's own, detached (ratio 1; TRL
         does the same). Returns ``"before"`` when the estimator reads no student signal (its
-        advantages exist before the update: GRPO), ``"inline"`` when it does and the batch
-        packs into one micro-batch (the credit then runs between that forward and its
-        backward), None otherwise (the scoring pass runs)."""
+        advantages exist before the update: GRPO), ``"inline"`` when it does and either the
+        batch packs into one micro-batch or the estimator is ``row_local`` (GEAR, RLSD: the
+        credit then runs between each micro-batch's forward and its backward, on that
+        micro-batch's rows), None otherwise (the scoring pass runs)."""
         loss = self.config.loss
         if not loss.fuse_scoring or loss.epochs != 1 or loss.minibatches != 1:
             return None
         if not {"divergence", "entropy", "student_logprobs"} & set(self.estimator.needs):
             return "before"
-        if len(self._micro_batches(batch, list(range(len(batch.response_ids))))) == 1:
+        if self.estimator.row_local or len(
+                self._micro_batches(batch, list(range(len(batch.response_ids))))) == 1:
             return "inline"
         return None
 
@@ -387,6 +389,7 @@ class Trainer:
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "opsd_loss": 0.0,
                   "clipped": 0.0, "approx_kl": 0.0, "tokens": 0.0, "grad_norm": 0.0}
         ratio_max, updates, credit_seconds = 1.0, 0, 0.0
+        inline = advantages is None
         shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
         for _ in range(config.epochs):
             order = torch.randperm(rows, generator=shuffle).tolist()
@@ -405,11 +408,19 @@ class Trainer:
                     forward = self._forward(batch, micro, teacher=fused == "inline")
                     if fused is not None:
                         self._fill_scores(scores, micro, forward)
-                    if advantages is None:  # "inline": the credit of the one micro-batch
+                    if inline:  # the credit of this micro-batch's rows, now that their
+                        # signals are in: a row-local estimator's rows do not read the rows
+                        # still unfilled (zeros), and a single micro-batch fills every row
                         mark = time.perf_counter()
-                        advantages = self.credit(batch, scores, step)
-                        credit_seconds = time.perf_counter() - mark
-                    parts, stats = self._micro_loss(scores, advantages, micro, forward,
+                        credit = self.credit(batch, scores, step)
+                        if advantages is None:
+                            advantages = credit
+                        else:
+                            advantages[micro] = credit[micro]
+                        credit_seconds += time.perf_counter() - mark
+                    # set above when inline, given otherwise
+                    parts, stats = self._micro_loss(scores, cast(torch.Tensor, advantages),
+                                                    micro, forward,
                                                     len(minibatch), num_tokens, num_selected,
                                                     fused=fused is not None)
                     self._check_finite(step, "the loss", parts["loss"])
