@@ -132,6 +132,27 @@ def test_every_estimator_runs_through_the_registry(name: str) -> None:
         assert (out == 0).all()  # opsd: no credit, the distillation loss does the learning
 
 
+@pytest.mark.parametrize("name", [n for n, e in ESTIMATORS.items() if e.row_local])
+def test_row_local_estimators_read_no_other_rows_signals(name: str) -> None:
+    """What ``row_local`` promises the trainer's per-micro-batch credit: a row's advantages do
+    not change when the other rows' signals are replaced (here by zeros, as the trainer leaves
+    the rows it has not reached yet), the rewards and groups staying as they are."""
+    batch = synthetic_batch()
+    want = get_estimator(name)(batch)
+    for rows in ([0, 1, 2], [5], [3, 6, 7]):
+        partial = synthetic_batch()
+        others = [i for i in range(8) if i not in rows]
+        for field in ("divergence", "entropy", "student_logprobs", "teacher_logprobs"):
+            getattr(partial, field)[others] = 0.0
+        got = get_estimator(name)(partial)
+        torch.testing.assert_close(got[rows], want[rows], rtol=0, atol=0)
+    # and the test can fail: top-entropy's batch-wide selection is not row-local
+    partial = synthetic_batch()
+    partial.entropy[1:] = 0.0
+    assert not torch.equal(get_estimator("top_entropy")(partial)[0],
+                           get_estimator("top_entropy")(synthetic_batch())[0])
+
+
 def test_declarations_say_what_each_estimator_is() -> None:
     gear_family = {"gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
                    "gear_entropy_window", "gear_signed", "gear_steps"}
@@ -143,6 +164,8 @@ def test_declarations_say_what_each_estimator_is() -> None:
     assert get_estimator("top_entropy").needs == ("entropy",)
     # only top-entropy chooses tokens in the policy update (with selection=micro_batch)
     assert {n for n, e in ESTIMATORS.items() if e.update_mask is not None} == {"top_entropy"}
+    assert {n for n, e in ESTIMATORS.items() if e.row_local} == (
+        gear_family - {"gear_steps"}) | {"rlsd"}
     for name, estimator in ESTIMATORS.items():
         assert estimator.description and estimator.paper, name
         assert estimator.fn.__module__.startswith("gear_rl.credit."), name
