@@ -7,7 +7,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gear_rl.credit import GEARConfig, gear_advantages, gear_advantages_reference, gear_segments
+from gear_rl.credit import (
+    GEARConfig,
+    gear_advantages,
+    gear_advantages_reference,
+    gear_segments,
+)
 from gear_rl.credit.config import NORMALIZE_MODES, SEGMENTATION_MODES
 from gear_rl.credit.gear import skip_first_tokens
 from gear_rl.credit.segments import normalize_reference, scan_reference
@@ -191,3 +196,45 @@ def test_float64_and_odd_thresholds_equal_reference(lambda_h: float, segmentatio
     assert out.dtype == torch.float64
     assert torch.allclose(out, gear_advantages_reference(adv, div, ent, mask, config),
                           rtol=1e-12, atol=1e-12)
+
+
+_THREADS_SCRIPT = """
+import numba, torch
+torch.set_num_threads(1)
+x = torch.randn(300, 300)
+_ = x @ x  # torch's OpenMP pool in use
+from gear_rl.credit import CreditBatch, get_estimator
+g = torch.Generator().manual_seed(0)
+shape = (16, 40)
+batch = CreditBatch(rewards=torch.rand(16, generator=g).round(),
+                    group_ids=[i // 4 for i in range(16)], mask=torch.ones(shape),
+                    divergence=torch.rand(shape, generator=g),
+                    entropy=torch.rand(shape, generator=g))
+assert torch.get_num_threads() == 1  # asking torch its count (as the trainer's metrics do)
+estimator = get_estimator("gear")  # numba's threading layer starts in the kernel's first call
+estimator(batch, estimator.make_config())
+print(torch.get_num_threads(), numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS)
+"""
+
+
+def test_the_kernel_leaves_torch_thread_count_alone() -> None:
+    """numba's parallel region shares the OpenMP runtime with torch: in a process whose torch
+    pool was in use, starting numba's threading layer (with its default, every core) raised
+    torch's thread count to every core for the rest of the process, so a ``threads=1``
+    trainer computed on two threads after its first GEAR step (seen in a fresh interpreter,
+    so the check runs in one). The kernel now runs within torch's count and leaves it, and
+    numba's own, as they were."""
+    import os
+    import subprocess
+    import sys
+
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: numba's default cannot exceed torch's thread count")
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    env.pop("OMP_NUM_THREADS", None)
+    done = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT], capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1", "True"]

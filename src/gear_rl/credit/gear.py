@@ -27,9 +27,12 @@ functions run the fused numba kernel of :mod:`gear_rl.credit.segments`, held to 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import cast
 
+import numba
 import numpy as np
 import torch
 
@@ -101,6 +104,25 @@ def _numpy(x: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return x.detach().to(device="cpu", dtype=dtype).contiguous().numpy()
 
 
+@contextlib.contextmanager
+def _torch_thread_budget() -> Iterator[None]:
+    """Run a parallel numba region within torch's thread count, and leave that count as it was.
+
+    numba's OpenMP layer shares the process's OpenMP runtime with torch. A parallel region
+    launched with numba's default (every core) raised torch's own thread count to it for the rest
+    of the process, once torch had used its pool: a ``threads=1`` run (two study cells side by
+    side on two cores) computed on two threads per process after its first GEAR step."""
+    threads = torch.get_num_threads()
+    before = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
 def _run_kernel(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Tensor,
                 advantages: torch.Tensor | None, config: GEARConfig,
                 output: int) -> torch.Tensor:
@@ -124,11 +146,12 @@ def _run_kernel(divergence: torch.Tensor, entropy: torch.Tensor, mask: torch.Ten
     out_onsets = np.empty((batch, length) if output == OUTPUT_ONSETS else (1, 1), dtype=np.int64)
     status = np.zeros(batch, dtype=np.int8)
     if batch and length:
-        gear_kernel(div, ent, msk, adv, SEGMENTATION_CODES[config.segmentation],
-                    NORMALIZE_CODES[config.normalize], float(config.lambda_kl),
-                    float(config.lambda_h), float(config.alpha), config.resolved_beta,
-                    int(config.window), bool(config.sign_aware), bool(config.mean_preserving),
-                    output, out_float, out_onsets, status)
+        with _torch_thread_budget():
+            gear_kernel(div, ent, msk, adv, SEGMENTATION_CODES[config.segmentation],
+                        NORMALIZE_CODES[config.normalize], float(config.lambda_kl),
+                        float(config.lambda_h), float(config.alpha), config.resolved_beta,
+                        int(config.window), bool(config.sign_aware),
+                        bool(config.mean_preserving), output, out_float, out_onsets, status)
         bad = np.flatnonzero(status)
         if bad.size:
             row = int(bad[0])
