@@ -458,6 +458,78 @@ def test_a_resumed_turn_gets_the_budget_that_was_left(tokenizer, sandbox):
     assert t.finish_reason == "token_budget" and never.batch_sizes == []
 
 
+def test_environment_episodes_resume_from_every_prefix_by_replaying_their_turns(tokenizer):
+    """Environment episodes (real Sokoban levels) continued from each of their prefixes, all
+    cuts in one batch: replaying the complete turns from the level's seed rebuilds the board,
+    so with the episode's own continuation every resumed row is that episode again (tokens,
+    masks, spans, state keys, rewards, actions, success, finish reason). A prefix whose
+    observation the environment does not give back is refused."""
+    from gear_rl.agent import EpisodePrefix
+    from gear_rl.agent.env_loop import run_env_episodes
+    from gear_rl.envs import SokobanConfig, SokobanEnv
+
+    config = SokobanConfig(num_boxes=1, min_solution_length=2, max_solution_length=3)
+    probe = SokobanEnv(config)
+    probe.reset(5)
+    plan = probe.plan()
+    assert plan and len(plan) >= 2
+    wrong = {"up": "down", "down": "up", "left": "right", "right": "left"}[plan[0]]
+    script = Scripted(tokenizer, {
+        "L1\n": [f"I push {plan[0]}.{EOS}", *(f"<action>{m}</action>{EOS}" for m in plan[1:])],
+        "L2\n": [f"jump{EOS}", f"{wrong}{EOS}", f"<action>{wrong}</action>{EOS}",
+                 f"no idea{EOS}"],
+        "L3\n": ["a very long turn that runs past its cap " + plan[0]] * 4,
+    })
+    limits = {"stop_ids": [tokenizer.eos_token_id], "max_turns": 4,
+              "max_new_tokens_per_turn": 24, "max_response_tokens": 900}
+    seeds = [5, 5, 5]
+    originals = run_env_episodes([SokobanEnv(config) for _ in seeds], seeds,
+                                 script.prompt_ids(), script, tokenizer, **limits)
+    assert [e.finish_reason for e in originals] == ["solved", "max_turns", "max_turns"]
+    assert originals[0].success and len(originals[1].observation_spans) == 3
+    # every turn ends as a sampler's does: at its end-of-turn token or at its cap
+    assert all(len(range(*span)) == 24 for span in originals[2].step_spans)
+    replay = Replay([e.prompt_ids + e.response_ids for e in originals])
+    prompts, prefixes, expected, levels = [], [], [], []
+    for original, seed in zip(originals, seeds, strict=True):
+        for cut in range(len(original.response_ids)):
+            if cut and not original.loss_mask[cut]:
+                continue  # inside an observation: not a place an episode is continued from
+            prompts.append(original.prompt_ids)
+            prefixes.append(EpisodePrefix(original.response_ids[:cut],
+                                          original.loss_mask[:cut], original.turn_ids[:cut]))
+            expected.append(original)
+            levels.append(seed)
+    resumed = run_env_episodes([SokobanEnv(config) for _ in levels], levels, prompts, replay,
+                               tokenizer, prefixes=prefixes, **limits)
+    assert len(resumed) == len(expected) > 100
+    for got, want, prefix in zip(resumed, expected, prefixes, strict=True):
+        where = f"cut {len(prefix.response_ids)} of {tokenizer.decode(want.prompt_ids)!r}"
+        for name in ("response_ids", "loss_mask", "turn_ids", "observation_spans", "step_spans",
+                     "state_keys", "step_rewards", "shaping_rewards", "actions", "texts",
+                     "success", "finish_reason"):
+            assert getattr(got, name) == getattr(want, name), (where, name)
+    assert max(replay.calls) == len(prompts)  # one batch: rows at different turns together
+    # an observation the environment does not give back: another level, or edited tokens
+    original = originals[1]
+    cut = original.observation_spans[0][1]
+    prefix = EpisodePrefix(original.response_ids[:cut], original.loss_mask[:cut],
+                           original.turn_ids[:cut])
+    with pytest.raises(ValueError, match="observation after turn 0 differs"):
+        run_env_episodes([SokobanEnv(config)], [6], [original.prompt_ids], replay, tokenizer,
+                         prefixes=[prefix], **limits)
+    # the solving turn replayed with more after it: the environment ended the episode there
+    solved = originals[0]
+    end = solved.step_spans[-1][1]
+    tail = tokenizer.encode("\nmore", add_special_tokens=False)
+    bad = EpisodePrefix(solved.response_ids[:end] + tail + [65],
+                        solved.loss_mask[:end] + [0] * len(tail) + [1],
+                        solved.turn_ids[:end] + [len(plan) - 1] * len(tail) + [len(plan)])
+    with pytest.raises(ValueError, match=f"ended the episode at turn {len(plan) - 1}"):
+        run_env_episodes([SokobanEnv(config)], [5], [solved.prompt_ids], replay, tokenizer,
+                         prefixes=[bad], **limits)
+
+
 @pytest.mark.parametrize(("ids", "mask", "turns", "match"), [
     ([1, 2], [1], [0, 0], "must match"),
     ([1, 2], [1, 2], [0, 0], "only 0 and 1"),

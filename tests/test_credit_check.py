@@ -32,6 +32,7 @@ from gear_rl.credit_check import (
     spearman,
     top_k_shares,
 )
+from gear_rl.envs.base import StepResult, TextEnv
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.tasks import AgentSpec, Problem, Task
 from gear_rl.tasks.base import EnvSpec
@@ -280,8 +281,10 @@ def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     problems = _problems(4)
     game = Task(name="game", train=problems[:2], eval=problems[2:], scorer=lambda p, t: 0.0,
                 extract=lambda t: t, env=EnvSpec(make=lambda: None))  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"environment task.*single-turn and agent"):
+    with pytest.raises(ValueError, match=r"environment task, but problem 'p0' \(and 3 more\) "
+                                         r"has no metadata\['env_seed'\]"):
         check_task(game)
+    check_task(letter_game_task())
     check_task(Task(name="tools", train=problems[:2], eval=problems[2:],
                     scorer=lambda p, t: 0.0, extract=lambda t: t, agent=AgentSpec()))
     blind = Task(name="blind", train=problems[:2], eval=problems[2:],
@@ -420,9 +423,9 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     (run / "checkpoints" / "latest").write_text("step-000003\n")
     assert main(["credit-check", str(run), "rollout.temperature=0.5"]) == 2
     assert "cannot change when checking a run" in capsys.readouterr().err
-    assert main(["credit-check", "model=tiny-random", "task=sokoban", "train_size=2",
-                 "eval.size=1", f"out={tmp_path / 'env'}"]) == 2
-    assert "environment task" in capsys.readouterr().err
+    assert main(["credit-check", "model=tiny-random", "task=tool-math", "train_size=2",
+                 "eval.size=1", "estimators=gigpo", f"out={tmp_path / 'tools'}"]) == 2
+    assert "groups steps by environment state" in capsys.readouterr().err
     assert main(["credit-check", "model=tiny-random", "estimators=gigpo"]) == 2
     assert "multi-turn" in capsys.readouterr().err
     assert main(["credit-check", "model=tiny-random", "variant.x.credit.lambda_h=2"]) == 2
@@ -578,3 +581,101 @@ def test_agent_task_episodes_continue_from_inside_turns(tmp_path: Path) -> None:
                 for line in (tmp_path / folder / "values.jsonl").read_text().splitlines()]
 
     assert truth("cut") == truth("whole")
+
+
+# ------------------------------------------------------------------ (g) environment tasks
+class LetterGame(TextEnv):
+    """A deterministic guessing game: the level (its seed) picks six letters, and a turn whose
+    text holds one of them solves it; each failed turn costs 0.1 (shaping) and shows how many
+    turns have failed. Its state is that count, so the trajectories of one level meet in the
+    same states (what GiGPO groups on)."""
+
+    def __init__(self) -> None:
+        self.letters, self.failed = "", 0
+
+    def reset(self, seed: int) -> str:
+        self.letters = "".join(random_letters(seed))
+        self.failed = 0
+        return f"Write one of the secret letters (level {seed})."
+
+    def step(self, action_text: str) -> StepResult:
+        if any(c in self.letters for c in action_text):
+            return StepResult("Solved.", 1.0, True, {"success": True, "shaping_reward": 0.0})
+        self.failed += 1
+        return StepResult(f"No. {self.failed} wrong.", -0.1, self.failed >= 5,
+                          {"success": False, "shaping_reward": -0.1})
+
+    @property
+    def state_key(self) -> int:
+        return self.failed
+
+
+def random_letters(seed: int) -> list[str]:
+    import random
+
+    return random.Random(seed).sample("abcdefghijklmnopqrstuvwxyz", 6)
+
+
+def letter_game_task() -> Task:
+    problems = [Problem(id=f"level{i}", prompt=[{"role": "user", "content": f"Level {i}."}],
+                        answer="", reference=" or ".join(random_letters(100 + i)),
+                        reference_kind="solution", metadata={"env_seed": 100 + i})
+                for i in range(6)]
+
+    def not_scored(problem: Problem, text: str) -> float:
+        raise RuntimeError("scored by the game")
+
+    return Task(name="letter-game", train=problems[:4], eval=problems[4:], scorer=not_scored,
+                extract=lambda text: None, env=EnvSpec(make=LetterGame, max_turns=3))
+
+
+def test_environment_task_episodes_are_continued_by_replaying_their_turns(
+        tmp_path: Path) -> None:
+    """The credit check on an environment task with the real tiny model: multi-turn episodes
+    with observations; every step-level estimator (GiGPO's state groups included) is scored;
+    boundaries sit before policy tokens only, some in later turns; V at the end is the
+    episode's reward (the game's solve); the continuations replay the prefix's turns in the
+    game (a boundary after a failed turn continues in the state that turn left); a check cut
+    short and resumed gives the same numbers."""
+    task = letter_game_task()
+    config = load_config(None, [*SMALL, "agent.max_new_tokens_per_turn=6",
+                                "agent.max_response_tokens=80"])
+    rows, skipped = plan_rows(CreditCheckConfig(), config, task)
+    labels = {r.label for r in rows}
+    assert {"gigpo", "gagpo", "gated_bepo", "gear_steps", "turn_level", "gear"} <= labels
+    assert "gigpo" not in skipped
+
+    def run(out: Path, **overrides):
+        settings = {"groups": 3, "per_group": 2, "continuations": 6, "bootstrap": 50,
+                    "estimators": ["grpo", "gear", "gigpo", "gear_steps", "turn_level"],
+                    "progress": False, "plot_trajectories": 1, "mixed_only": False}
+        check = CreditCheckConfig(**{**settings, **overrides})
+        model, tokenizer = _tiny()
+        return credit_check(config, check, out, model=model, tokenizer=tokenizer, task=task)
+
+    whole = run(tmp_path / "whole")
+    state = json.loads((tmp_path / "whole" / "trajectories.json").read_text())
+    rows_by = {r["row"]: r for r in state["rows"]}
+    assert {r["reward"] for r in rows_by.values()} == {0.0, 1.0}, "no mixed outcomes"
+    assert all(len(r["state_keys"]) == len(r["step_spans"]) == len(r["step_rewards"])
+               for r in rows_by.values())
+    assert any(len(r["step_spans"]) > 1 for r in rows_by.values())
+    values = [json.loads(line) for line in
+              (tmp_path / "whole" / "values.jsonl").read_text().splitlines()]
+    assert len(values) == whole.data["counts"]["truth_done"] >= 4
+    later_turn, mixed_value = False, False
+    for record in values:
+        row = rows_by[record["row"]]
+        assert record["boundaries"][-1] == len(row["response_ids"]) and record["terminal"][-1]
+        assert record["rewards"][0][-1] == [row["reward"]]
+        for b, cut in zip(record["boundaries"][:-1], record["rewards"][0][:-1], strict=True):
+            assert row["policy_mask"][b] == 1, (record["row"], b)
+            later_turn |= row["turn_ids"][b] > 0
+            mixed_value |= 0 < sum(cut) < len(cut)
+    assert later_turn and mixed_value
+    scored = {r["label"] for r in whole.data["scores"]["rows"]}
+    assert {"gigpo", "gear_steps", "turn_level"} <= scored
+    partial = run(tmp_path / "cut", budget=1)
+    assert not partial.complete
+    resumed = run(tmp_path / "cut")
+    assert resumed.data["scores"] == whole.data["scores"]

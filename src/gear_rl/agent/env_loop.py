@@ -17,6 +17,11 @@ the trainer pays a solve through the outcome reward (1.0 for a solved level), wh
 step-level estimators add to the last step's return (``StepConfig.outcome_in_returns``). So the
 step rewards for credit are :attr:`EnvEpisode.shaping_rewards`, the environment's rewards
 without the solve reward, not :attr:`EnvEpisode.step_rewards`.
+
+An episode can be continued from any of its token prefixes (``prefixes=``, what the credit
+check's Monte-Carlo values need): the environment's state there is rebuilt by resetting it with
+the level's seed and replaying the prefix's complete turns, and every observation it gives back
+must equal the prefix's own.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from gear_rl.agent.loop import GenerateFn, append_tokens
+from gear_rl.agent.loop import EpisodePrefix, GenerateFn, append_tokens
 
 if TYPE_CHECKING:
-    from gear_rl.envs.base import TextEnv
+    from gear_rl.envs.base import StepResult, TextEnv
 
 __all__ = ["EnvEpisode", "chat_observation_ids", "env_metrics", "run_env_episodes"]
 
@@ -98,6 +103,57 @@ def chat_observation_ids(tokenizer: Any, content: str, *, turn_closed: bool) -> 
     return tokenizer.encode(between + content + after, add_special_tokens=False)
 
 
+def _play_turn(episode: EnvEpisode, env: TextEnv, ids: list[int], turn: int, tokenizer: Any,
+               stops: set[int]) -> tuple[StepResult, bool]:
+    """Apply one policy turn (its tokens, already cut at the end-of-turn token) to ``env`` and
+    record it in ``episode``; returns the step's result and whether the turn closed itself."""
+    closed = bool(ids) and ids[-1] in stops
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    state = env.state_key
+    result = env.step(text)
+    episode.step_spans.append(append_tokens(episode, ids, turn, policy=True))
+    episode.state_keys.append(state)
+    episode.step_rewards.append(float(result.reward))
+    episode.shaping_rewards.append(float(result.info.get("shaping_reward", result.reward)))
+    episode.actions.append(result.info.get("action"))
+    episode.texts.append(text)
+    return result, closed
+
+
+def _replay(episode: EnvEpisode, env: TextEnv, prefix: EpisodePrefix, tokenizer: Any,
+            stops: set[int]) -> tuple[list[int], int]:
+    """Bring a freshly reset ``env`` and an empty ``episode`` to the end of ``prefix`` by
+    replaying its complete turns: the environment's state at a mid-episode token is the state
+    its seed and the turns before it lead to. Each replayed observation must equal the
+    prefix's, token for token (the check that the environment is deterministic and the prefix
+    is one of its episodes). Returns the policy tokens of a turn the prefix cuts in the middle
+    and the index of the turn to play next."""
+    pieces = prefix.pieces()
+    partial: list[int] = []
+    turn = 0
+    expected: list[int] | None = None
+    for index, (mask, turn_id, ids) in enumerate(pieces):
+        if mask == 1 and index == len(pieces) - 1:
+            partial, turn = ids, turn_id
+        elif mask == 1:
+            result, closed = _play_turn(episode, env, ids, turn_id, tokenizer, stops)
+            if result.done:
+                raise ValueError(
+                    f"replaying a prefix: the environment ended the episode at turn {turn_id}, "
+                    "but the prefix goes on after it (the environment is not deterministic "
+                    "given its seed and the turns, or the prefix is not one of its episodes)")
+            expected = chat_observation_ids(tokenizer, result.observation, turn_closed=closed)
+        else:
+            if ids != expected:
+                raise ValueError(
+                    f"replaying a prefix: the environment's observation after turn {turn_id} "
+                    "differs from the prefix's (the environment is not deterministic given "
+                    "its seed and the turns, or the prefix is not one of its episodes)")
+            append_tokens(episode, ids, turn_id, policy=False)
+            turn = turn_id + 1
+    return partial, turn
+
+
 def run_env_episodes(
     envs: Sequence[TextEnv],
     seeds: Sequence[int],
@@ -109,6 +165,7 @@ def run_env_episodes(
     max_turns: int,
     max_new_tokens_per_turn: int,
     max_response_tokens: int,
+    prefixes: Sequence[EpisodePrefix | None] | None = None,
 ) -> list[EnvEpisode]:
     """Play one episode per environment.
 
@@ -123,13 +180,21 @@ def run_env_episodes(
         max_turns: policy turns per episode.
         max_new_tokens_per_turn: generation cap of one turn.
         max_response_tokens: budget of the whole response (policy and observation tokens).
+        prefixes: ``B`` entries (None: start afresh): continue row ``i``'s episode from
+            ``prefixes[i]`` (:class:`~gear_rl.agent.loop.EpisodePrefix`, an earlier episode's
+            first tokens) under the same limits: its complete turns are replayed in the
+            environment (which must give the same observations back), and a turn it cuts in
+            the middle is finished with the budget it had left. Rows may then be at different
+            turns; each round generates for every live row.
 
     Returns:
-        ``B`` episodes, in order.
+        ``B`` episodes, in order (a resumed one holds its prefix's tokens first).
     """
     if not len(envs) == len(seeds) == len(prompts):
         raise ValueError(f"envs, seeds and prompts differ in length: {len(envs)}, {len(seeds)}, "
                          f"{len(prompts)}")
+    if prefixes is not None and len(prefixes) != len(prompts):
+        raise ValueError(f"{len(prefixes)} prefixes for {len(prompts)} prompts")
     for name, value in (("max_turns", max_turns),
                         ("max_new_tokens_per_turn", max_new_tokens_per_turn),
                         ("max_response_tokens", max_response_tokens)):
@@ -139,35 +204,44 @@ def run_env_episodes(
     episodes = [EnvEpisode(prompt_ids=list(map(int, p))) for p in prompts]
     for env, seed in zip(envs, seeds, strict=True):
         env.reset(int(seed))
-    active = list(range(len(episodes)))
-    for turn in range(max_turns):
-        if not active:
-            break
+    partial: list[list[int]] = [[] for _ in episodes]  # a resumed, unfinished turn's tokens
+    turn_of = [0] * len(episodes)  # the turn each row plays next
+    for i, prefix in enumerate(prefixes or []):
+        if prefix is not None:
+            partial[i], turn_of[i] = _replay(episodes[i], envs[i], prefix, tokenizer, stops)
+    active = []
+    for i, episode in enumerate(episodes):
+        if turn_of[i] >= max_turns:  # resumed after the last allowed turn's observation
+            episode.finish_reason = "max_turns"
+        elif len(episode.response_ids) + len(partial[i]) >= max_response_tokens:
+            episode.finish_reason = "token_budget"
+        else:
+            active.append(i)
+    while active:
         budgets = [min(max_new_tokens_per_turn,
-                       max_response_tokens - len(episodes[i].response_ids)) for i in active]
-        generated = generate([episodes[i].prompt_ids + episodes[i].response_ids for i in active],
-                             [], budgets)
-        if len(generated) != len(active):
-            raise ValueError(f"generate returned {len(generated)} rows for {len(active)} prompts")
+                       max_response_tokens - len(episodes[i].response_ids)) - len(partial[i])
+                   for i in active]
+        generating = [k for k, budget in enumerate(budgets) if budget > 0]
+        generated: list[list[int]] = [[] for _ in active]
+        if generating:
+            new = generate([episodes[active[k]].prompt_ids + episodes[active[k]].response_ids
+                            + partial[active[k]] for k in generating], [],
+                           [budgets[k] for k in generating])
+            if len(new) != len(generating):
+                raise ValueError(f"generate returned {len(new)} rows for {len(generating)} "
+                                 "prompts")
+            for k, ids in zip(generating, new, strict=True):
+                generated[k] = list(map(int, ids))[:budgets[k]]
         still = []
-        for i, new_ids, budget in zip(active, generated, budgets, strict=True):
-            episode, env = episodes[i], envs[i]
-            ids = list(map(int, new_ids))[:budget]
+        for i, new_ids in zip(active, generated, strict=True):
+            episode, env, turn = episodes[i], envs[i], turn_of[i]
+            ids = partial[i] + new_ids
+            partial[i] = []
             for position, token in enumerate(ids):
                 if token in stops:
                     ids = ids[:position + 1]
                     break
-            closed = bool(ids) and ids[-1] in stops
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            state = env.state_key
-            result = env.step(text)
-            episode.step_spans.append(append_tokens(episode, ids, turn, policy=True))
-            episode.state_keys.append(state)
-            episode.step_rewards.append(float(result.reward))
-            episode.shaping_rewards.append(float(result.info.get("shaping_reward",
-                                                                 result.reward)))
-            episode.actions.append(result.info.get("action"))
-            episode.texts.append(text)
+            result, closed = _play_turn(episode, env, ids, turn, tokenizer, stops)
             if result.done:
                 episode.success = bool(result.info.get("success"))
                 episode.finish_reason = "solved" if episode.success else "env_done"
@@ -180,6 +254,7 @@ def run_env_episodes(
                 episode.finish_reason = "token_budget"
                 continue
             append_tokens(episode, obs, turn, policy=False)
+            turn_of[i] += 1
             still.append(i)
         active = still
     return episodes

@@ -355,6 +355,19 @@ class EpisodePrefix:
                                  "observation")
             turn, observed = turn_id, mask == 0
 
+    def pieces(self) -> list[tuple[int, int, list[int]]]:
+        """The prefix as runs of one kind, in order: ``(mask, turn, ids)``, a policy turn's
+        tokens (mask 1) or the observation answering it (mask 0). Every run but the last is
+        complete; a last run of policy tokens is a turn cut in the middle."""
+        runs: list[tuple[int, int, list[int]]] = []
+        for token, mask, turn in zip(self.response_ids, self.loss_mask, self.turn_ids,
+                                     strict=True):
+            if runs and runs[-1][:2] == (mask, turn):
+                runs[-1][2].append(int(token))
+            else:
+                runs.append((int(mask), int(turn), [int(token)]))
+        return runs
+
 
 def _resume(prompt: list[int], prefix: EpisodePrefix, tokenizer: Any, stops: set[int],
             fmt: ToolCallFormat) -> tuple[Trajectory, list[int], int]:
@@ -362,13 +375,7 @@ def _resume(prompt: list[int], prefix: EpisodePrefix, tokenizer: Any, stops: set
     their tokens, as the loop would have made them), the policy tokens of an unfinished turn,
     and the index of the turn to generate next."""
     trajectory = Trajectory(prompt_ids=prompt)
-    pieces: list[tuple[int, int, list[int]]] = []  # (mask, turn, ids), runs of one kind
-    for token, mask, turn in zip(prefix.response_ids, prefix.loss_mask, prefix.turn_ids,
-                                 strict=True):
-        if pieces and pieces[-1][:2] == (mask, turn):
-            pieces[-1][2].append(int(token))
-        else:
-            pieces.append((mask, turn, [int(token)]))
+    pieces = prefix.pieces()
     partial: list[int] = []
     turn = 0
     for index, (mask, turn_id, ids) in enumerate(pieces):

@@ -10,7 +10,9 @@ truth, score every applicable estimator and the variants asked for, write the re
    (:func:`gear_rl.credit_check.values.estimate_prefix_values`; for an agent task, whose
    boundaries sit before policy tokens only,
    :func:`~gear_rl.credit_check.values.estimate_episode_values`: the episode loop resumed from
-   each prefix, the rest of its turn, tool calls and later turns). Each trajectory's record is
+   each prefix, the rest of its turn, tool calls and later turns; for an environment task the
+   same, the environment's state at the prefix rebuilt by replaying its turns from the level's
+   seed, :func:`gear_rl.agent.env_loop.run_env_episodes`). Each trajectory's record is
    appended to ``values.jsonl`` as it completes; a restart skips the recorded ones, and every
    trajectory's random streams depend only on the seed and its row, so a resumed check gives
    the uninterrupted one's numbers.
@@ -21,7 +23,8 @@ truth, score every applicable estimator and the variants asked for, write the re
 4. **Scores** (:mod:`gear_rl.credit_check.scores`) and the outputs
    (:mod:`gear_rl.credit_check.output`).
 
-Single-turn and agent tasks; environment tasks are refused (:func:`check_task`).
+Single-turn, agent (tool) and environment tasks (:func:`check_task` refuses a task without
+a scorer).
 """
 
 from __future__ import annotations
@@ -93,15 +96,18 @@ def _seed(*parts: int) -> int:
 
 
 def check_task(task: Task) -> None:
-    """Refuse tasks the credit check cannot continue: environment tasks and a task without a
-    scorer, each with what is missing. Agent (tool) tasks are continued episode by episode
+    """Refuse a task the credit check cannot score: one without a scorer (an environment task
+    is scored by its game, which needs a level seed per problem). Agent (tool) and environment
+    tasks are continued episode by episode
     (:func:`~gear_rl.credit_check.values.estimate_episode_values`)."""
     if task.env is not None:
-        raise ValueError(
-            f"task {task.name!r} is an environment task: its outcome comes from the game, and "
-            "continuing an episode from a prefix would need the environment's state at that "
-            "token (an environment snapshot per boundary), which gear_rl.envs does not offer; "
-            "the credit check runs single-turn and agent (tool) tasks")
+        unseeded = [p.id for p in (*task.train, *task.eval) if "env_seed" not in p.metadata]
+        if unseeded:
+            raise ValueError(
+                f"task {task.name!r} is an environment task, but problem {unseeded[0]!r} (and "
+                f"{len(unseeded) - 1} more) has no metadata['env_seed']: an episode is "
+                "continued by replaying its turns in the level the seed makes")
+        return
     if not callable(getattr(task, "scorer", None)):
         raise ValueError(f"task {task.name!r} has no scorer (Task.scorer is "
                          f"{getattr(task, 'scorer', None)!r}): the truth is the expected score "
@@ -137,20 +143,20 @@ class EstimatorRow:
     variant: bool = False
 
 
-def _inapplicable(estimator: Estimator, config: Any = None, *, agent: bool = False
-                  ) -> str | None:
+def _inapplicable(estimator: Estimator, config: Any = None, *, turns: bool = False,
+                  states: bool = False) -> str | None:
     """Why the task cannot give ``estimator`` (with ``config``) what it needs (None: it can).
-    ``agent``: the task is an agent (tool) task, whose trajectories have turns (step spans and
-    the task's turn rewards) but no environment states."""
+    ``turns``: the trajectories have turns (step spans; an agent or environment task);
+    ``states``: and environment states (an environment task)."""
     if not estimator.uses_reward:
         return ("its credit is a distillation loss, not an advantage (uses_reward=False): "
                 "there is no per-token advantage to score")
-    if estimator.step_level and not agent:
+    if estimator.step_level and not turns:
         return ("it assigns credit per turn from step spans (and state keys), which only "
                 "multi-turn tasks have; this task is single-turn")
-    if estimator.step_level and estimator.requires_states(config):
+    if estimator.step_level and not states and estimator.requires_states(config):
         return ("it groups steps by environment state, which an agent (tool) task does not "
-                "have (only environment tasks do, and the credit check cannot continue those)")
+                "have (only environment tasks do)")
     missing = sorted(set(estimator.needs) - _PROVIDED)
     if missing:
         return f"it needs {missing}, which the signal pass does not provide"
@@ -163,11 +169,13 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
 
     ``check.estimators`` None: every registered estimator the task can feed, with its default
     config and the run's signals, plus ``run:<estimator>`` with the run's ``credit`` settings
-    when it has any. Step-level estimators that need no environment state (``turn_level``)
-    are scored on agent tasks (``task.agent`` set; None: a single-turn task). Named estimators
-    and variants that cannot run raise ``ValueError`` naming what they miss.
+    when it has any. Step-level estimators are scored on multi-turn tasks: those that need no
+    environment state (``turn_level``) on agent tasks (``task.agent`` set), all of them on
+    environment tasks (``task.env``); ``task`` None: a single-turn task. Named estimators and
+    variants that cannot run raise ``ValueError`` naming what they miss.
     """
-    agent = task is not None and task.agent is not None
+    states = task is not None and task.env is not None
+    turns = states or (task is not None and task.agent is not None)
     config.credit_estimator()  # plugins first: they may register estimators
     check.validate()
     rows: list[EstimatorRow] = []
@@ -175,7 +183,7 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
     names = estimator_names() if check.estimators is None else list(check.estimators)
     for name in names:
         estimator = get_estimator(name)
-        why = _inapplicable(estimator, agent=agent)
+        why = _inapplicable(estimator, turns=turns, states=states)
         if why is not None:
             if check.estimators is not None:
                 raise ValueError(f"estimator {name!r} cannot be scored here: {why}")
@@ -185,7 +193,7 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
     if config.credit and config.estimator not in skipped:
         run_estimator = get_estimator(config.estimator)
         run_credit = config.credit_config(run_estimator)
-        if _inapplicable(run_estimator, run_credit, agent=agent) is None:
+        if _inapplicable(run_estimator, run_credit, turns=turns, states=states) is None:
             rows.append(EstimatorRow(f"run:{config.estimator}", run_estimator, run_credit,
                                      config.signals))
     taken = {row.label for row in rows}
@@ -196,13 +204,13 @@ def plan_rows(check: CreditCheckConfig, config: TrainConfig, task: Task | None =
                              "or another variant); choose another name")
         estimator = get_estimator(variant.estimator)
         # what the estimator needs first, then what its config makes it need (state keys)
-        why = _inapplicable(estimator, agent=agent)
+        why = _inapplicable(estimator, turns=turns, states=states)
         if why is None:
             try:
                 credit = estimator.make_config(**dict(variant.credit))
             except (TypeError, ValueError) as error:
                 raise ValueError(f"variant.{name}.credit: {error}") from error
-            why = _inapplicable(estimator, credit, agent=agent)
+            why = _inapplicable(estimator, credit, turns=turns, states=states)
         if why is not None:
             raise ValueError(f"variant {name!r}: estimator {variant.estimator!r} cannot be "
                              f"scored here: {why}")
@@ -364,17 +372,21 @@ def _signals(runtime: Any, temperature: float, settings: SignalConfig,
 def _step_extras(row: EstimatorRow, trajectories: list[dict[str, Any]],
                  members: list[int]) -> dict[str, Any]:
     """A step-level estimator's ``CreditBatch.extras`` for the trajectories ``members``: their
-    turns' spans and, when the task pays turn rewards, those rewards, as the trainer passes
-    them ({} for a token-level estimator)."""
+    turns' spans and, when the task pays turn rewards, those rewards, and an environment's
+    state keys (their ``repr``: equal states, equal text), as the trainer passes them ({} for
+    a token-level estimator)."""
     if not row.estimator.step_level:
         return {}
     chosen = [trajectories[i] for i in members]
     if any("step_spans" not in t for t in chosen):
         raise ValueError(f"{row.label}: the trajectories carry no turns (step spans): a "
-                         "step-level estimator needs an agent task's episodes")
+                         "step-level estimator needs a multi-turn task's episodes")
     rewards = ([t["step_rewards"] for t in chosen] if any("step_rewards" in t for t in chosen)
                else None)
-    return step_extras([[tuple(s) for s in t["step_spans"]] for t in chosen], rewards) or {}
+    states = ([t["state_keys"] for t in chosen] if any("state_keys" in t for t in chosen)
+              else None)
+    return step_extras([[tuple(s) for s in t["step_spans"]] for t in chosen], rewards,
+                       states) or {}
 
 
 def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: torch.Tensor,
@@ -435,20 +447,23 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
                 "prompt_ids": prompts[j], "response_ids": result.response_ids[j],
                 "finished": result.finished[j], "reward": float(result.rewards[j]),
                 "text": result.texts[j], "extracted": result.extracted[j]}
-            if result.policy_masks is not None:  # an agent episode: observations are context
+            if result.policy_masks is not None:  # an episode: observations are context
                 row["policy_mask"] = list(result.policy_masks[j])
                 row["turn_ids"] = list(cast(list, result.turn_ids)[j])
                 row["step_spans"] = [list(span) for span in cast(list, result.step_spans)[j]]
-                if result.step_rewards is not None:  # the task's turn rewards (turn_level)
+                if result.step_rewards is not None:  # turn rewards (turn_level, step methods)
                     row["step_rewards"] = list(result.step_rewards[j])
+                if result.state_keys is not None:  # an environment's states, as text
+                    row["state_keys"] = [repr(key) for key in result.state_keys[j]]
             rows.append(row)
     return rows
 
 
 def _episode_continuer(runtime: Any, config: TrainConfig, task: Task, problem: Problem,
                        prompt: list[int]) -> Any:
-    """The :data:`~gear_rl.credit_check.values.ContinueFn` of one agent trajectory: its
-    episodes finished from prefixes by the trainer's episode loop, scored by the task."""
+    """The :data:`~gear_rl.credit_check.values.ContinueFn` of one agent or environment
+    trajectory: its episodes finished from prefixes by the trainer's episode loop, scored as
+    in training (the task's scorer, or the game's solve)."""
     settings = rollout_settings(config, runtime)
 
     def continue_fn(prefixes: list[EpisodePrefix], generator: torch.Generator
@@ -582,6 +597,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
          write_outputs: Any) -> CreditCheckResult:
     started = time.perf_counter()
     rollout = config.rollout
+    multi_turn = task.agent is not None or task.env is not None
     teacher = _teacher_config(config.signals)
     check_prompt_lengths(
         ((p.id, max(build_prompt_ids(runtime.tokenizer, p.prompt),
@@ -590,8 +606,8 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                     key=len))
          for p in (pool[i] for i in chosen)),
         getattr(runtime.model.config, "max_position_embeddings", None),
-        new_tokens=(rollout.max_new_tokens if task.agent is None
-                    else agent_limits(config, task).max_response_tokens), source=task.name)
+        new_tokens=(agent_limits(config, task).max_response_tokens if multi_turn
+                    else rollout.max_new_tokens), source=task.name)
     segment_estimator, segment_config = _segment_config(config)
     settings = {
         "model": config.model, "weights": _weights_fingerprint(runtime.model),
@@ -608,7 +624,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         "continuations": check.continuations, "replicates": check.replicates,
         "boundaries": check.boundaries, "every": check.every, "seed": check.seed,
     }
-    if task.agent is not None:
+    if multi_turn:
         settings["agent_limits"] = dataclasses.asdict(agent_limits(config, task))
     if check.boundaries == "segments":
         settings["segments"] = {"estimator": segment_estimator.name,
@@ -675,7 +691,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
             row = rows[index]
             mark = time.perf_counter()
             seeds = [_seed(check.seed, 2, index, r) for r in range(check.replicates)]
-            if task.agent is not None:
+            if multi_turn:
                 values = estimate_episode_values(
                     _episode_continuer(runtime, config, task, problems[index],
                                        row["prompt_ids"]),

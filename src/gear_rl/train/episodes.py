@@ -162,18 +162,19 @@ def collect(
         sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
         paired_draws: single-turn tasks only (multi-turn ones sample turn by turn from one
             stream): see :func:`gear_rl.train.rollout.sample_responses`.
-        prefixes: agent tasks only: ``B`` :class:`~gear_rl.agent.loop.EpisodePrefix` es to
-            continue each episode from (``run_agent(prefixes=)``); the rows returned hold the
-            whole episodes, prefix first, scored as usual. (Single-turn continuations are
-            :func:`gear_rl.train.rollout.sample_continuations`; environment episodes cannot be
-            resumed without the game's state.)
+        prefixes: multi-turn tasks only: ``B`` :class:`~gear_rl.agent.loop.EpisodePrefix` es
+            to continue each episode from (``run_agent(prefixes=)``; environment tasks:
+            ``run_env_episodes(prefixes=)``, which replays the prefix's turns in the
+            environment); the rows returned hold the whole episodes, prefix first, scored as
+            usual. (Single-turn continuations are
+            :func:`gear_rl.train.rollout.sample_continuations`.)
     """
     if len(problems) != len(prompts):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
-    if prefixes is not None and task.agent is None:
-        raise ValueError(f"prefixes: only agent tasks' episodes can be continued from a "
-                         f"prefix here; task {task.name!r} is "
-                         + ("an environment task" if task.env is not None else "single-turn"))
+    if prefixes is not None and task.agent is None and task.env is None:
+        raise ValueError(f"prefixes: only multi-turn episodes can be continued from a prefix "
+                         f"here; task {task.name!r} is single-turn (its continuations: "
+                         "gear_rl.train.rollout.sample_continuations)")
     if limits is None:
         turns = task_turns(task)
         limits = AgentLimits() if turns is None else AgentLimits(max_turns=turns)
@@ -184,7 +185,8 @@ def collect(
                             top_p=top_p, generator=generator, batch_size=batch_size,
                             row_stop=row_stop)
     if task.env is not None:
-        return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
+        return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits,
+                            prefixes)
     if task.agent is not None:
         return _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                               sandbox, prefixes)
@@ -276,7 +278,8 @@ def turn_rewards(task: Task, problem: Problem, trajectory: Any) -> list[float]:
     return rewards
 
 
-def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits) -> Rows:
+def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits,
+                 prefixes=None) -> Rows:
     from gear_rl.agent.env_loop import env_metrics, run_env_episodes
 
     spec = task.env
@@ -285,7 +288,7 @@ def _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits)
         envs, [int(p.metadata["env_seed"]) for p in problems], prompts, generate, tokenizer,
         stop_ids=stop_ids, max_turns=limits.max_turns,
         max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
-        max_response_tokens=limits.max_response_tokens)
+        max_response_tokens=limits.max_response_tokens, prefixes=prefixes)
     return Rows(
         response_ids=[e.response_ids for e in episodes],
         finished=[e.finish_reason in ("solved", "env_done") for e in episodes],
