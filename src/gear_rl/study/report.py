@@ -489,7 +489,8 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
     command = f"gear-rl study {spec.path or 'SPEC.yaml'} out={result.out}"
     lines += [f"Reproduce: `{command}` (finished cells are reused; delete `cells/` to train "
               "again).", "",
-              f"Report written on: {machine.get('cpu')}, {machine.get('cores')} cores, AMX "
+              f"Report written on: {machine.get('cpu')}, {machine.get('cores')} cores, "
+              f"AVX-512 BF16 {'yes' if machine.get('avx512_bf16') else 'no'}, AMX "
               f"{'yes' if machine.get('amx_bf16') else 'no'}, torch {machine.get('torch')}. "
               f"Cell wall time: {timing['cells_finished']} cells finished, "
               f"{timing['total_hours']:.2f} h in all, median {timing['median_minutes']:.1f} min "
