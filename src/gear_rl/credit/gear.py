@@ -114,7 +114,8 @@ def _torch_thread_budget() -> Iterator[None]:
     side on two cores) computed on two threads per process after its first GEAR step."""
     threads = torch.get_num_threads()
     before = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    most = int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
+    numba.set_num_threads(max(1, min(threads, most)))
     try:
         yield
     finally:
