@@ -164,6 +164,11 @@ def test_score_definitions_by_hand() -> None:
     assert choose_boundaries(5) == [0, 1, 2, 3, 4, 5]
     assert choose_boundaries(5, every=2) == [0, 2, 4, 5]
     assert choose_boundaries(6, segment_onsets=[-1, 1, 1, 1, 4, -1]) == [0, 1, 4, 5, 6]
+    # turns: a policy turn (mask 1) then the observation answering it (mask 0, same turn id)
+    mask, turns = [1, 1, 0, 0, 1, 1, 1, 0, 1], [0, 0, 0, 0, 1, 1, 1, 1, 2]
+    assert choose_boundaries(9, mask=mask, turn_ids=turns) == [0, 4, 8, 9]
+    with pytest.raises(ValueError, match="not both"):
+        choose_boundaries(9, mask=mask, turn_ids=turns, segment_onsets=[-1] * 9)
     # ratio of sums over groups; one group has no interval
     interval = cluster_bootstrap([1.0, 3.0, 2.0], [1, 1, 2], ["a", "a", "b"], resamples=500)
     assert interval.value == pytest.approx(1.5) and interval.groups == 2
@@ -679,3 +684,17 @@ def test_environment_task_episodes_are_continued_by_replaying_their_turns(
     assert not partial.complete
     resumed = run(tmp_path / "cut")
     assert resumed.data["scores"] == whole.data["scores"]
+    # boundaries=turns: V at the start of every policy turn, a unit is a turn and its observation
+    turns = run(tmp_path / "turns", boundaries="turns", continuations=2, per_group=1)
+    for line in (tmp_path / "turns" / "values.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        row = rows_by[record["row"]]
+        starts = [start for start, _ in row["step_spans"]]
+        assert record["boundaries"] == sorted({0, *starts, len(row["response_ids"])})
+    assert turns.data["counts"]["truth_done"] >= 2
+    with pytest.raises(ValueError, match="boundaries=turns needs a multi-turn task"):
+        credit_check(config, CreditCheckConfig(boundaries="turns", progress=False),
+                     tmp_path / "single", model=_tiny()[0], tokenizer=build_tiny_tokenizer(),
+                     task=first_letter_task())
+    with pytest.raises(ValueError, match="every applies to boundaries=tokens"):
+        CreditCheckConfig(boundaries="turns", every=2).validate()

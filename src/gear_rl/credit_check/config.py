@@ -17,7 +17,7 @@ from gear_rl.train.config import SignalConfig
 
 __all__ = ["BOUNDARY_MODES", "SIGNAL_KEYS", "SPLITS", "CreditCheckConfig", "Variant"]
 
-BOUNDARY_MODES: tuple[str, ...] = ("tokens", "segments")
+BOUNDARY_MODES: tuple[str, ...] = ("tokens", "segments", "turns")
 SPLITS: tuple[str, ...] = ("train", "eval")
 # The signal settings a variant may change (fields of SignalConfig): the divergence estimator
 # and the teacher prompt's hint text and placement.
@@ -90,8 +90,10 @@ class CreditCheckConfig:
         continuations: ``m``, continuations per boundary and replicate.
         replicates: independent Monte-Carlo estimates of each trajectory (2 or more: the
             second, scored against the first, is the noise ceiling).
-        boundaries: ``tokens`` (every ``every``-th policy-token boundary) or ``segments`` (the
-            boundaries of GEAR's segments, under the run's signals and GEAR config).
+        boundaries: ``tokens`` (every ``every``-th policy-token boundary), ``segments`` (the
+            boundaries of GEAR's segments, under the run's signals and GEAR config) or
+            ``turns`` (multi-turn tasks: the start of every policy turn, so that a unit is one
+            turn and its observation: the unit of the step-level estimators' credit).
         every: with ``boundaries=tokens``, estimate ``V`` at every ``every``-th boundary.
         budget: stop starting trajectories once this many continuation tokens are sampled (over
             every session of this output folder; None: no limit).
@@ -200,9 +202,11 @@ class CreditCheckConfig:
         if self.boundaries not in BOUNDARY_MODES:
             raise ValueError(f"boundaries must be one of {BOUNDARY_MODES}, got "
                              f"{self.boundaries!r}")
-        if self.boundaries == "segments" and self.every != 1:
-            raise ValueError("every applies to boundaries=tokens; boundaries=segments estimates "
-                             "V at the segments' edges")
+        if self.boundaries != "tokens" and self.every != 1:
+            raise ValueError(f"every applies to boundaries=tokens; boundaries={self.boundaries} "
+                             "estimates V at the "
+                             + ("segments' edges" if self.boundaries == "segments"
+                                else "start of every turn"))
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
         if not self.precision_k or any(isinstance(k, bool) or not isinstance(k, int) or k < 1

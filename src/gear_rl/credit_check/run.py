@@ -573,6 +573,9 @@ def credit_check(
                          eval_size=config.eval.size, seed=0, instruction=config.instruction,
                          eval_path=config.eval_data)
     check_task(task)
+    if check.boundaries == "turns" and task.agent is None and task.env is None:
+        raise ValueError(f"boundaries=turns needs a multi-turn task; task {task.name!r} is "
+                         "single-turn (use boundaries=tokens or segments)")
     rows_plan, skipped = plan_rows(check, config, task)
     chosen, pool = _draw_problems(task, check)
     out = Path(out)
@@ -657,7 +660,9 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
             len(rows[r]["response_ids"]), every=check.every,
             segment_onsets=None if onsets is None
             else onsets[r, :len(rows[r]["response_ids"])].tolist(),
-            mask=rows[r].get("policy_mask"))} for r in truth_rows]
+            mask=rows[r].get("policy_mask"),
+            turn_ids=rows[r]["turn_ids"] if check.boundaries == "turns" else None)}
+            for r in truth_rows]
         atomic_write_text(state_path, json.dumps(
             {"settings": settings, "rows": rows, "truth": truth_plan,
              "sample_seconds": sample_seconds}) + "\n")

@@ -129,16 +129,20 @@ class PrefixValues:
 
 
 def choose_boundaries(length: int, *, every: int = 1, segment_onsets: Sequence[int] | None = None,
-                      mask: Sequence[int] | None = None) -> list[int]:
+                      mask: Sequence[int] | None = None,
+                      turn_ids: Sequence[int] | None = None) -> list[int]:
     """The boundaries to estimate ``V`` at for a response of ``length`` tokens.
 
     Args:
         length: ``L``, the response length (>= 1).
-        every: with no ``segment_onsets``: every ``every``-th policy-token boundary (1: all).
+        every: with neither ``segment_onsets`` nor ``turn_ids``: every ``every``-th
+            policy-token boundary (1: all).
         segment_onsets: ``L`` GEAR segment onsets (``gear_segments``: the onset of each token's
             segment, -1 outside): the boundaries are then where a segment starts or ends.
         mask: ``L`` policy flags (None: every token is the policy's); a boundary sits before a
             policy token, never before an observation token.
+        turn_ids: ``L`` turn indices of a multi-turn response (an observation carries the turn
+            it answers): the boundaries are then the start of every policy turn.
 
     Returns:
         Sorted boundaries; ``0`` and ``L`` are always included.
@@ -151,7 +155,14 @@ def choose_boundaries(length: int, *, every: int = 1, segment_onsets: Sequence[i
     if len(policy) != length:
         raise ValueError(f"mask has {len(policy)} entries, expected {length}")
     starts = [t for t in range(length) if policy[t]]
-    if segment_onsets is not None:
+    if segment_onsets is not None and turn_ids is not None:
+        raise ValueError("give segment_onsets or turn_ids, not both")
+    if turn_ids is not None:
+        turns = list(turn_ids)
+        if len(turns) != length:
+            raise ValueError(f"turn_ids has {len(turns)} entries, expected {length}")
+        chosen = {t for t in starts if t > 0 and turns[t] != turns[t - 1]}
+    elif segment_onsets is not None:
         onsets = list(segment_onsets)
         if len(onsets) != length:
             raise ValueError(f"segment_onsets has {len(onsets)} entries, expected {length}")
