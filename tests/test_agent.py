@@ -395,12 +395,30 @@ class Replay:
         return rows
 
 
+def every_cut(originals, seeds=None):
+    """Every place an episode can be continued from (before each policy token; never inside an
+    observation): per cut, its prompt, its :class:`EpisodePrefix`, the episode it came from and
+    that episode's seed (None without ``seeds``)."""
+    from gear_rl.agent import EpisodePrefix
+
+    prompts, prefixes, expected, levels = [], [], [], []
+    for index, original in enumerate(originals):
+        for cut in range(len(original.response_ids)):
+            if cut and not original.loss_mask[cut]:
+                continue
+            prompts.append(original.prompt_ids)
+            prefixes.append(EpisodePrefix(original.response_ids[:cut],
+                                          original.loss_mask[:cut], original.turn_ids[:cut]))
+            expected.append(original)
+            levels.append(None if seeds is None else seeds[index])
+    return prompts, prefixes, expected, levels
+
+
 def test_resuming_from_every_prefix_rebuilds_the_episode(tokenizer, sandbox):
     """Continue an episode from each of its token prefixes, all cuts in one batch (rows at
     different turns, some inside a turn): with the episode's own continuation, every resumed row
     is that episode again, tokens, masks, turns, spans, texts and finish reason, and the calls
     after the cut run again in the sandbox."""
-    from gear_rl.agent import EpisodePrefix
 
     script = Scripted(tokenizer, {
         "Q1\n": ["First <python>print(2 + 3)</python>", "Then <python>print(5 * 4)</python>",
@@ -415,15 +433,7 @@ def test_resuming_from_every_prefix_rebuilds_the_episode(tokenizer, sandbox):
     assert originals[0].num_tool_calls == 2 and originals[1].num_tool_calls == 1
     assert "SyntaxError" in originals[1].turns[0].observation
     replay = Replay([t.prompt_ids + t.response_ids for t in originals])
-    prompts, prefixes, expected = [], [], []
-    for original in originals:
-        for cut in range(len(original.response_ids)):
-            if cut and not original.loss_mask[cut]:
-                continue  # inside an observation: not a place an episode is continued from
-            prompts.append(original.prompt_ids)
-            prefixes.append(EpisodePrefix(original.response_ids[:cut],
-                                          original.loss_mask[:cut], original.turn_ids[:cut]))
-            expected.append(original)
+    prompts, prefixes, expected, _ = every_cut(originals)
     resumed = run_agent(prompts, replay, tokenizer, config, executor, prefixes=prefixes)
     assert len(resumed) == len(expected) > 100
     for got, want, prefix in zip(resumed, expected, prefixes, strict=True):
@@ -490,16 +500,7 @@ def test_environment_episodes_resume_from_every_prefix_by_replaying_their_turns(
     # every turn ends as a sampler's does: at its end-of-turn token or at its cap
     assert all(len(range(*span)) == 24 for span in originals[2].step_spans)
     replay = Replay([e.prompt_ids + e.response_ids for e in originals])
-    prompts, prefixes, expected, levels = [], [], [], []
-    for original, seed in zip(originals, seeds, strict=True):
-        for cut in range(len(original.response_ids)):
-            if cut and not original.loss_mask[cut]:
-                continue  # inside an observation: not a place an episode is continued from
-            prompts.append(original.prompt_ids)
-            prefixes.append(EpisodePrefix(original.response_ids[:cut],
-                                          original.loss_mask[:cut], original.turn_ids[:cut]))
-            expected.append(original)
-            levels.append(seed)
+    prompts, prefixes, expected, levels = every_cut(originals, seeds)
     resumed = run_env_episodes([SokobanEnv(config) for _ in levels], levels, prompts, replay,
                                tokenizer, prefixes=prefixes, **limits)
     assert len(resumed) == len(expected) > 100
