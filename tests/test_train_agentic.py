@@ -274,3 +274,39 @@ def test_multi_turn_evaluation_decodes_a_rollouts_rows_at_a_time(tmp_path) -> No
     trainer.close()
     assert result["samples"] == 12
     assert widths and max(widths) == 4  # 2 prompts x 2 samples per step, not 12
+
+
+@pytest.mark.parametrize("env", ["sokoban", "keydoor"])
+def test_turn_kv_reuse_trains_and_evaluates_as_prefilling_every_turn(tmp_path, env: str) -> None:
+    """``agent.reuse_kv_cache`` changes how much each turn prefills, not what is sampled: in
+    fp32 a GEAR step and an evaluation give the same episodes, loss and scores with it as
+    without it, and the sampler prefills fewer tokens with it (counted by a hook on the
+    sampler's forwards, not replaced)."""
+    outcomes = {}
+    for reuse in ("true", "false"):
+        trainer = make_trainer(tmp_path / reuse, env, "estimator=gear", "steps=1",
+                               "rollout.dtype=fp32", "eval.at_start=true",
+                               f"agent.reuse_kv_cache={reuse}")
+        prefilled = [0]
+
+        def count(_module, args, kwargs, prefilled=prefilled) -> None:
+            ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]
+            if ids.shape[1] > 1:
+                prefilled[0] += ids.numel()
+
+        trainer.sampler.register_forward_pre_hook(count, with_kwargs=True)
+        trainer.train()
+        trainer.close()
+        metrics = [r for r in records(trainer, "metrics.jsonl") if "step" in r]
+        samples = [(s["prompt"], s["response"]) for s in records(trainer, "samples.jsonl")]
+        outcomes[reuse] = (metrics, samples, prefilled[0])
+    (metrics_on, samples_on, prefill_on), (metrics_off, samples_off, prefill_off) = (
+        outcomes["true"], outcomes["false"])
+    assert samples_on == samples_off
+    assert len(metrics_on) == len(metrics_off)
+    for on, off in zip(metrics_on, metrics_off, strict=True):
+        for key in ("loss", "reward_mean", "env/turns_per_episode", "eval/env/success_rate",
+                    "eval/mean_reward"):
+            if key in off:
+                assert on[key] == pytest.approx(off[key], rel=1e-6, abs=1e-9), key
+    assert 0 < prefill_on < prefill_off

@@ -9,6 +9,7 @@ import torch
 
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.train.rollout import (
+    TurnCache,
     sample_continuations,
     sample_next_token,
     sample_responses,
@@ -426,3 +427,80 @@ def test_a_turn_stopped_at_its_call_is_cut_as_the_loop_cuts_it() -> None:
             assert _cut_turn(partial + new[:end], tokenizer, set(), fmt) == \
                 _cut_turn(partial + new, tokenizer, set(), fmt), (name, partial, new)
         assert stopped_early > 20, name
+
+
+def _turn_contexts(contexts, responses, turn: int, tokenizer) -> list[list[int]]:
+    """The next turn's contexts: each row's context, response and an observation of its own
+    length; row 2 at turn 1 drops its response's last token (a loop that trims a turn), and
+    row 1 at turn 2 takes row 0's context (two rows of one decoding chunk extending one kept
+    row)."""
+    out = []
+    for row, (context, response) in enumerate(zip(contexts, responses, strict=True)):
+        kept = response[:-1] if (row, turn) == (2, 1) else response
+        out.append(context + kept + tokenizer.encode(f" obs{turn}:{row}" * (row % 3 + 1)))
+    if turn == 2:
+        out[1] = list(out[0])
+    return out
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_turn_cache_samples_what_prefilling_every_turn_samples(arch: str, greedy: bool) -> None:
+    """Four turns of multi-turn sampling with a ``TurnCache``: a context is prefilled only past
+    the kept row it extends (the hit and reused-position counts say which), and every turn
+    draws what prefilling each context whole draws (fp32, same generator seed): with repeated
+    contexts, row budgets, decoding chunks, a row whose context extends no kept row, and two
+    rows extending the same one."""
+    model = tiny_random_model(arch, seed=3, initializer_range=0.3)
+    tokenizer = build_tiny_tokenizer()
+    first = _prompts(tokenizer, 3)
+    contexts = [first[i] for i in (0, 0, 0, 1, 1, 2)]
+    stops = stop_token_ids(tokenizer)
+    cache = TurnCache()
+    hits = reused = 0
+    previous: dict[tuple[int, ...], int] = {}
+    for turn in range(4):
+        rollouts = []
+        for turn_cache in (cache, None):
+            rollouts.append(sample_responses(
+                model, contexts, max_new_tokens=12, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                generator=torch.Generator().manual_seed(turn), greedy=greedy, batch_size=4,
+                budgets=[12, 5, 12, 9, 12, 12], turn_cache=turn_cache))
+        cache.advance()
+        ours, full = rollouts
+        assert ours.response_ids == full.response_ids and ours.finished == full.finished
+        for context in contexts:  # the longest kept row each context extends
+            found = [length for key, length in previous.items()
+                     if tuple(context[:len(key)]) == key]
+            hits, reused = hits + bool(found), reused + max(found, default=0)
+        assert (cache.hits, cache.reused_tokens) == (hits, reused)
+        previous = {tuple(c + r): len(c) + len(r) - 1
+                    for c, r in zip(contexts, ours.response_ids, strict=True)}
+        contexts = _turn_contexts(contexts, ours.response_ids, turn, tokenizer)
+    assert hits == 17  # 6 rows in each of 3 later turns, less the trimmed one
+    cache.clear()
+    assert cache.lookup(contexts[0]) is None
+
+
+def test_turn_cache_is_unused_with_sliding_window_layers() -> None:
+    """A model with a sliding-window layer keeps its own cache layers: the turn cache is left
+    alone (no hits, nothing kept) and the draws are those without it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=259, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         use_sliding_window=True, sliding_window=6, max_window_layers=1,
+                         initializer_range=0.3, eos_token_id=258, pad_token_id=256)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).eval()
+    tokenizer = build_tiny_tokenizer()
+    contexts, cache = _prompts(tokenizer, 3), TurnCache()
+    for turn in range(2):
+        ours, full = (sample_responses(model, contexts, max_new_tokens=8, stop_ids=[258],
+                                       pad_id=256, greedy=True, turn_cache=turn_cache)
+                      for turn_cache in (cache, None))
+        cache.advance()
+        assert ours.response_ids == full.response_ids
+        contexts = _turn_contexts(contexts, ours.response_ids, turn, tokenizer)
+    assert cache.hits == 0 and cache.lookup(contexts[0]) is None

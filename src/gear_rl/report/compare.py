@@ -20,6 +20,7 @@ and compares methods problem by problem with a paired bootstrap; it builds on th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import statistics
@@ -624,14 +625,22 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
     ``finished`` (its ``summary.json``), ``interrupted`` (a checkpoint to resume from) or
     ``no_checkpoint`` (interrupted before its first checkpoint).
 
+    The saved config is read as this version reads a run's config to resume it: an option
+    added since the run was written counts as its default.
+
     Raises:
         ValueError: the folder holds a run of another config; ``ignore`` names top-level
             config keys left out of that check (settings a resume may change).
     """
+    from gear_rl.train.config import config_from_dict, config_to_dict
+
     run = RunDir(run_dir)
     if not run.is_run():
         return "new"
-    saved = {k: v for k, v in run.read_config().items() if k not in ignore}
+    saved = run.read_config()
+    with contextlib.suppress(ValueError):  # a key this version does not know: a difference
+        saved = config_to_dict(config_from_dict(saved))
+    saved = {k: v for k, v in saved.items() if k not in ignore}
     expected = {k: v for k, v in wanted.items() if k not in ignore}
     if saved != expected:
         state = "a finished" if run.finished() else "an interrupted"

@@ -345,6 +345,11 @@ class AgentConfig:
         sandbox_mounts: absolute paths tool calls may read (read-only, at the same path), beyond
             the interpreter and the task's declared packages; one that overlaps the run
             directory or the task's data file is refused.
+        reuse_kv_cache: each turn's sampling prefills only what the turn adds to a row's
+            context (its last token and the observation) and reads the rest from the previous
+            turn's KV cache (:class:`gear_rl.train.rollout.TurnCache`), in training, evaluation
+            and the credit check; False prefills every turn's whole context (the sampler before
+            this option; the same distribution, different bf16 rounding).
     """
 
     max_turns: int | None = None
@@ -356,6 +361,7 @@ class AgentConfig:
     sandbox_timeout_s: float = 5.0
     sandbox_memory_mb: int = 512
     sandbox_mounts: list[str] = field(default_factory=list)
+    reuse_kv_cache: bool = True
 
     def validate(self, name: str = "agent") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""

@@ -25,7 +25,7 @@ import torch
 
 from gear_rl.agent.loop import AgentLimits, EpisodePrefix
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.rollout import RowStop, sample_responses
+from gear_rl.train.rollout import RowStop, TurnCache, sample_responses
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -97,15 +97,21 @@ class Rows:
 
 def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: float,
                  top_p: float, generator: torch.Generator, batch_size: int | None,
-                 row_stop: RowStop | None = None):
+                 row_stop: RowStop | None = None, reuse_cache: bool = True):
+    # one TurnCache per episode batch: each turn's rows are kept for the next turn's contexts
+    turn_cache = TurnCache() if reuse_cache else None
+
     def generate(prompts: list[list[int]], stop_strings: list[str],
                  budgets: list[int]) -> list[list[int]]:
         # Stop strings are not matched as text: the agent loop cuts each turn after its call,
         # and row_stop (agent tasks) ends a row as soon as its tokens hold a complete call.
-        return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
-                                pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                generator=generator, batch_size=batch_size, budgets=budgets,
-                                row_stop=row_stop).response_ids
+        result = sample_responses(model, prompts, max_new_tokens=max(budgets),
+                                  stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
+                                  top_p=top_p, generator=generator, batch_size=batch_size,
+                                  budgets=budgets, row_stop=row_stop, turn_cache=turn_cache)
+        if turn_cache is not None:
+            turn_cache.advance()
+        return result.response_ids
 
     return generate
 
@@ -147,6 +153,7 @@ def collect(
     sandbox: PythonSandbox | None = None,
     paired_draws: bool = False,
     prefixes: Sequence[EpisodePrefix] | None = None,
+    reuse_cache: bool = True,
 ) -> Rows:
     """Sample one response (or episode) per prompt and score it.
 
@@ -168,6 +175,10 @@ def collect(
             environment); the rows returned hold the whole episodes, prefix first, scored as
             usual. (Single-turn continuations are
             :func:`gear_rl.train.rollout.sample_continuations`.)
+        reuse_cache: multi-turn tasks: each turn prefills only what it adds to a row's
+            previous turn, reading the rest from that turn's KV cache
+            (:class:`gear_rl.train.rollout.TurnCache`); False prefills every turn's whole
+            context.
     """
     if len(problems) != len(prompts):
         raise ValueError(f"{len(problems)} problems but {len(prompts)} prompts")
@@ -183,7 +194,7 @@ def collect(
         row_stop = call_stop(tokenizer, task.agent.tool_format)
     generate = _generate_fn(model, stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
                             top_p=top_p, generator=generator, batch_size=batch_size,
-                            row_stop=row_stop)
+                            row_stop=row_stop, reuse_cache=reuse_cache)
     if task.env is not None:
         return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                             prefixes)

@@ -60,6 +60,7 @@ def evaluate(
     batch_size: int | None = 128,
     limits: AgentLimits | None = None,
     sandbox: PythonSandbox | None = None,
+    reuse_cache: bool = True,
 ) -> dict[str, Any]:
     """Sample ``k`` responses per held-out problem and score them.
 
@@ -96,7 +97,8 @@ def evaluate(
     rows = collect(task, row_problems, row_prompts, model=model, tokenizer=tokenizer,
                    stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
                    generator=generator, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                   limits=limits, sandbox=sandbox, paired_draws=True)
+                   limits=limits, sandbox=sandbox, paired_draws=True,
+                   reuse_cache=reuse_cache)
     records, correct, any_correct = [], 0.0, 0
     for index, problem in enumerate(problems):
         chosen = range(index * k, (index + 1) * k)

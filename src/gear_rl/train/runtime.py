@@ -104,13 +104,15 @@ def rollout_settings(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     """The keyword arguments of :func:`gear_rl.train.episodes.collect` for a rollout of
     ``runtime``'s task as training samples it: the sampler copy, its tokenizer, stop and
     padding ids, ``config.rollout``'s temperature, top-p, token cap and decoding batch, the
-    multi-turn limits and the sandbox (the problems, prompts and generator are the caller's)."""
+    multi-turn limits, the sandbox and whether turns reuse the KV cache (the problems, prompts
+    and generator are the caller's)."""
     rollout = config.rollout
     return {"model": runtime.sampler, "tokenizer": runtime.tokenizer,
             "stop_ids": runtime.stop_ids, "pad_id": runtime.pad_id,
             "temperature": rollout.temperature, "top_p": rollout.top_p,
             "max_new_tokens": rollout.max_new_tokens, "batch_size": rollout.batch_size,
-            "limits": agent_limits(config, runtime.task), "sandbox": runtime.sandbox}
+            "limits": agent_limits(config, runtime.task), "sandbox": runtime.sandbox,
+            "reuse_cache": config.agent.reuse_kv_cache}
 
 
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -387,7 +389,7 @@ def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
                     stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
                     batch_size=batch_size,
                     limits=agent_limits(config, runtime.task, evaluation=True),
-                    sandbox=runtime.sandbox)
+                    sandbox=runtime.sandbox, reuse_cache=config.agent.reuse_kv_cache)
 
 
 def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
