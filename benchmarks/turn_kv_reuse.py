@@ -17,9 +17,10 @@ the same seeds; in fp32 they sample the same episodes (``tests/test_train_agenti
 the rounding of a prefill over the cached keys differs from a prefill over the whole context,
 so the two draw other episodes from the same distribution and the episode statistics are
 printed beside the cost. Counted with a forward hook on the sampler: prefill tokens and decoded
-row-steps; timed: wall and this process's CPU seconds. Repeats alternate the order; one
-warm-up repeat of each is not counted. ``--task`` switches to another multi-turn task (e.g.
-``keydoor``, or ``tool-math`` with its settings given as overrides).
+row-steps; timed: wall and this process's CPU seconds; and the process's peak resident memory
+during the rollout (kept rows cost memory between turns). Repeats alternate the order; one
+warm-up repeat of each is not counted. A ``task=`` override replaces the Sokoban settings with
+that task's defaults (e.g. ``task=keydoor``, or ``task=tool-math rollout.temperature=0.7``).
 
 Run:  python benchmarks/turn_kv_reuse.py [--repeats 3] [key=value ...]
 """
@@ -39,6 +40,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
+from _proc import reset_peak, status_bytes
 from agent_rollout import _Counter
 from gear_rl.signals import prompt_ids
 from gear_rl.train import episodes, load_config
@@ -53,9 +55,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="counted repeats per engine")
     parser.add_argument("overrides", nargs="*",
-                        help="key=value config overrides (after study 4's Sokoban settings)")
+                        help="key=value config overrides (after study 4's Sokoban settings; "
+                             "with task=..., after that task's defaults)")
     args = parser.parse_args()
-    config = load_config(None, [*SOKOBAN, "threads=1", *args.overrides])
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    other_task = any(o.startswith("task=") for o in args.overrides)
+    config = load_config(None, [*(() if other_task else SOKOBAN), "threads=1", *args.overrides])
     runtime = build_runtime(config, training=True)
     try:
         rollout = config.rollout
@@ -72,6 +78,7 @@ def main() -> int:
             order = list(engines) if repeat % 2 == 0 else list(engines)[::-1]
             for name in order:
                 counter = _Counter(runtime.sampler)
+                reset_peak()
                 wall, cpu = time.perf_counter(), time.process_time()
                 try:
                     rows = episodes.collect(runtime.task, problems, prompts,
@@ -81,6 +88,7 @@ def main() -> int:
                     counter.handle.remove()
                 record = {"wall_s": time.perf_counter() - wall,
                           "cpu_s": time.process_time() - cpu,
+                          "peak_rss_gb": status_bytes("VmHWM") / 1e9,
                           "prefill_tokens": counter.prefill, "decoded_row_steps": counter.decoded,
                           "response_tokens": sum(len(r) for r in rows.response_ids),
                           "reward_mean": statistics.fmean(rows.rewards)}
@@ -103,6 +111,7 @@ def main() -> int:
                "ratio_cpu": base["cpu_s"] / new["cpu_s"]}
     for name, values in median.items():
         print(f"{name:18s} wall {values['wall_s']:.1f} s  cpu {values['cpu_s']:.1f} s  "
+              f"peak RSS {values['peak_rss_gb']:.2f} GB  "
               f"prefill tokens {values['prefill_tokens']:.0f}  decoded row-steps "
               f"{values['decoded_row_steps']:.0f}  response tokens "
               f"{values['response_tokens']:.0f}  reward {values['reward_mean']:.3f}  turns "
