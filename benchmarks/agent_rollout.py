@@ -39,6 +39,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
+from _alternate import alternate
 from gear_rl.signals import prompt_ids
 from gear_rl.train import episodes, load_config
 from gear_rl.train.rollout import sample_responses
@@ -46,9 +47,10 @@ from gear_rl.train.runtime import build_runtime, rollout_settings
 
 
 def _to_largest_budget(model, *, stop_ids, pad_id, temperature, top_p, generator, batch_size,
-                       row_stop=None):
+                       row_stop=None, reuse_cache=False):
     """The previous ``generate``: every row of a round decoded to the round's largest budget
-    (or its end of turn); ``row_stop`` is ignored."""
+    (or its end of turn); ``row_stop`` is ignored, and every turn is prefilled whole (the
+    benchmark passes ``reuse_cache=False`` to both engines)."""
     def generate(prompts, stop_strings, budgets):
         return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
                                 pad_id=pad_id, temperature=temperature, top_p=top_p,
@@ -56,19 +58,28 @@ def _to_largest_budget(model, *, stop_ids, pad_id, temperature, top_p, generator
     return generate
 
 
-class _Counter:
-    """Decoded row-steps and prefill tokens of the sampler's forwards."""
+def counted_collect(runtime, problems, prompts, settings, repeat: int):
+    """``episodes.collect`` with ``settings`` and a generator seeded with ``repeat``, counted
+    and timed: returns the rows and a record of wall and CPU seconds, decoded row-steps (rows x
+    single-token forwards) and prefill tokens, read by a forward hook on the sampler."""
+    counts = {"decoded_row_steps": 0, "prefill_tokens": 0}
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.decoded = self.prefill = 0
-        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
-
-    def _count(self, _module, _args, kwargs) -> None:
+    def count(_module, _args, kwargs) -> None:
         ids = kwargs["input_ids"]
         if ids.shape[1] == 1:
-            self.decoded += ids.shape[0]
+            counts["decoded_row_steps"] += ids.shape[0]
         else:
-            self.prefill += ids.numel()
+            counts["prefill_tokens"] += ids.numel()
+
+    handle = runtime.sampler.register_forward_pre_hook(count, with_kwargs=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        rows = episodes.collect(runtime.task, problems, prompts, **settings,
+                                generator=torch.Generator().manual_seed(repeat))
+    finally:
+        handle.remove()
+    return rows, {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                  **counts}
 
 
 def main() -> int:
@@ -87,40 +98,32 @@ def main() -> int:
         problems = [p for p in runtime.task.train[: rollout.prompts_per_step]
                     for _ in range(rollout.samples_per_prompt)]
         prompts = [prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
-        settings = rollout_settings(config, runtime)
+        # both engines prefill every turn whole (agent.reuse_kv_cache, benchmarks/turn_kv_reuse.py,
+        # is a separate saving): this compares where rows stop, nothing else
+        settings = {**rollout_settings(config, runtime), "reuse_cache": False}
         print(f"model {config.model}, {torch.get_num_threads()} threads, {len(prompts)} rows, "
               f"task {runtime.task.name}, T={rollout.temperature}, "
               f"limits {settings['limits']}", file=sys.stderr)
-        engines = {"to_largest_budget": _to_largest_budget, "stop_at_call": episodes._generate_fn}
-        results: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+        factories = {"to_largest_budget": _to_largest_budget,
+                     "stop_at_call": episodes._generate_fn}
         original = episodes._generate_fn
-        for repeat in range(args.repeats + 1):
-            order = list(engines) if repeat % 2 == 0 else list(engines)[::-1]
-            for name in order:
-                episodes._generate_fn = engines[name]
-                counter = _Counter(runtime.sampler)
-                wall, cpu = time.perf_counter(), time.process_time()
+
+        def engine(name: str):
+            def run(repeat: int) -> dict[str, float]:
+                episodes._generate_fn = factories[name]
                 try:
-                    rows = episodes.collect(runtime.task, problems, prompts, **settings,
-                                            generator=torch.Generator().manual_seed(repeat))
+                    rows, record = counted_collect(runtime, problems, prompts, settings, repeat)
                 finally:
                     episodes._generate_fn = original
-                    counter.handle.remove()
-                record = {"wall_s": time.perf_counter() - wall,
-                          "cpu_s": time.process_time() - cpu,
-                          "decoded_row_steps": counter.decoded, "prefill_tokens": counter.prefill,
-                          "policy_tokens": sum(sum(m) for m in rows.policy_masks or []),
-                          "reward_mean": statistics.fmean(rows.rewards),
-                          "tool_call_rate": rows.metrics["agent/tool_call_rate"]}
-                if repeat:  # the first repeat warms both up
-                    results[name].append(record)
-                print(f"repeat {repeat} {name}: " + ", ".join(
-                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in record.items()), file=sys.stderr)
+                return {**record,
+                        "policy_tokens": sum(sum(m) for m in rows.policy_masks or []),
+                        "reward_mean": statistics.fmean(rows.rewards),
+                        "tool_call_rate": rows.metrics["agent/tool_call_rate"]}
+            return run
+
+        median = alternate({name: engine(name) for name in factories}, args.repeats)
     finally:
         runtime.close()
-    median = {name: {k: statistics.median(r[k] for r in records) for k in records[0]}
-              for name, records in results.items()}
     base, new = median["to_largest_budget"], median["stop_at_call"]
     summary = {"engines": median,
                "ratio_decoded_row_steps": base["decoded_row_steps"] / new["decoded_row_steps"],

@@ -32,7 +32,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,10 +39,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
+from _alternate import alternate
 from _proc import reset_peak, status_bytes
-from agent_rollout import _Counter
+from agent_rollout import counted_collect
 from gear_rl.signals import prompt_ids
-from gear_rl.train import episodes, load_config
+from gear_rl.train import load_config
 from gear_rl.train.runtime import build_runtime, rollout_settings
 
 SOKOBAN = ("task=sokoban", "task_options.num_boxes=1", "task_options.min_solution_length=1",
@@ -58,8 +58,6 @@ def main() -> int:
                         help="key=value config overrides (after study 4's Sokoban settings; "
                              "with task=..., after that task's defaults)")
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
     other_task = any(o.startswith("task=") for o in args.overrides)
     config = load_config(None, [*(() if other_task else SOKOBAN), "threads=1", *args.overrides])
     runtime = build_runtime(config, training=True)
@@ -72,38 +70,24 @@ def main() -> int:
         print(f"model {config.model}, {torch.get_num_threads()} threads, {len(prompts)} rows, "
               f"task {runtime.task.name}, sampler {rollout.dtype}, "
               f"limits {settings['limits']}", file=sys.stderr)
-        engines = {"prefill_every_turn": False, "reuse_kv_cache": True}
-        results: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
-        for repeat in range(args.repeats + 1):
-            order = list(engines) if repeat % 2 == 0 else list(engines)[::-1]
-            for name in order:
-                counter = _Counter(runtime.sampler)
+        def engine(reuse: bool):
+            def run(repeat: int) -> dict[str, float]:
                 reset_peak()
-                wall, cpu = time.perf_counter(), time.process_time()
-                try:
-                    rows = episodes.collect(runtime.task, problems, prompts,
-                                            **{**settings, "reuse_cache": engines[name]},
-                                            generator=torch.Generator().manual_seed(repeat))
-                finally:
-                    counter.handle.remove()
-                record = {"wall_s": time.perf_counter() - wall,
-                          "cpu_s": time.process_time() - cpu,
-                          "peak_rss_gb": status_bytes("VmHWM") / 1e9,
-                          "prefill_tokens": counter.prefill, "decoded_row_steps": counter.decoded,
+                rows, record = counted_collect(runtime, problems, prompts,
+                                               {**settings, "reuse_cache": reuse}, repeat)
+                record = {**record, "peak_rss_gb": status_bytes("VmHWM") / 1e9,
                           "response_tokens": sum(len(r) for r in rows.response_ids),
                           "reward_mean": statistics.fmean(rows.rewards)}
                 for key in ("env/turns_per_episode", "env/success_rate"):
                     if key in rows.metrics:
                         record[key] = rows.metrics[key]
-                if repeat:  # the first repeat warms both up
-                    results[name].append(record)
-                print(f"repeat {repeat} {name}: " + ", ".join(
-                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in record.items()), file=sys.stderr)
+                return record
+            return run
+
+        median = alternate({"prefill_every_turn": engine(False),
+                            "reuse_kv_cache": engine(True)}, args.repeats)
     finally:
         runtime.close()
-    median = {name: {k: statistics.median(r[k] for r in records) for k in records[0]}
-              for name, records in results.items()}
     base, new = median["prefill_every_turn"], median["reuse_kv_cache"]
     summary = {"engines": median,
                "ratio_prefill_tokens": base["prefill_tokens"] / new["prefill_tokens"],
