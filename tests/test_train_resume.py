@@ -20,6 +20,12 @@ ARGS = [
     "eval.max_new_tokens=4", "eval.every=4", "log.checkpoint_every=2", "log.progress=false",
     "log.tensorboard=false", "optim.lr=1e-3", "threads=1",
 ]
+# a multi-turn environment: every turn's sampling reuses the previous turn's KV cache
+# (agent.reuse_kv_cache, the default), which lives within one rollout
+SOKOBAN = [a for a in ARGS if not a.startswith(("task=", "train_size="))] + [
+    "task=sokoban", "train_size=16", "agent.max_turns=3", "agent.max_new_tokens_per_turn=4",
+    "agent.max_response_tokens=300",
+]
 
 
 def _cli(*args: str) -> list[str]:
@@ -51,13 +57,14 @@ def _comparable(records: list[dict]) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_identical_metrics(tmp_path) -> None:
+@pytest.mark.parametrize("args", [ARGS, SOKOBAN], ids=["arithmetic", "sokoban"])
+def test_killed_run_resumes_to_identical_metrics(tmp_path, args: list[str]) -> None:
     full = tmp_path / "full"
-    subprocess.run(_cli(*ARGS, f"out={full}"), check=True, env=_env(), timeout=600,
+    subprocess.run(_cli(*args, f"out={full}"), check=True, env=_env(), timeout=600,
                    capture_output=True)
 
     broken = tmp_path / "broken"
-    process = subprocess.Popen(_cli(*ARGS, f"out={broken}"), env=_env(),
+    process = subprocess.Popen(_cli(*args, f"out={broken}"), env=_env(),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     kill_when(process, lambda: max((r["step"] for r in _records(broken)), default=0) >= 5,
               timeout=600)
