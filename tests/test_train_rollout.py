@@ -482,6 +482,38 @@ def test_turn_cache_samples_what_prefilling_every_turn_samples(arch: str, greedy
     assert cache.lookup(contexts[0]) is None
 
 
+
+def test_turn_cache_keeps_at_most_max_rows() -> None:
+    """With ``max_rows`` the cache never holds more rows than that (checked as every row
+    leaves the batch); rows that did not fit prefill their next context whole, and the draws
+    stay those of prefilling every turn."""
+    model = tiny_random_model("llama", seed=3, initializer_range=0.3)
+    tokenizer = build_tiny_tokenizer()
+    contexts = _prompts(tokenizer, 6)
+    stops = stop_token_ids(tokenizer)
+    cache, most = TurnCache(max_rows=3), 0
+    original_add = cache.add
+
+    def add(sequence, layers) -> None:
+        nonlocal most
+        original_add(sequence, layers)
+        most = max(most, cache.kept_rows)
+
+    cache.add = add  # type: ignore[method-assign]
+    for turn in range(3):
+        ours, full = (sample_responses(model, contexts, max_new_tokens=8, stop_ids=stops,
+                                       pad_id=tokenizer.pad_token_id, batch_size=2,
+                                       generator=torch.Generator().manual_seed(turn),
+                                       turn_cache=turn_cache)
+                      for turn_cache in (cache, None))
+        cache.advance()
+        assert ours.response_ids == full.response_ids
+        contexts = _turn_contexts(contexts, ours.response_ids, turn, tokenizer)
+    assert most == 3
+    assert 0 < cache.hits < 12  # some of the 6 rows in each of 2 later turns, not all
+    with pytest.raises(ValueError, match="max_rows"):
+        TurnCache(max_rows=0)
+
 def test_turn_cache_is_unused_with_sliding_window_layers() -> None:
     """A model with a sliding-window layer keeps its own cache layers: the turn cache is left
     alone (no hits, nothing kept) and the draws are those without it."""

@@ -98,8 +98,11 @@ class Rows:
 def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: float,
                  top_p: float, generator: torch.Generator, batch_size: int | None,
                  row_stop: RowStop | None = None, reuse_cache: bool = True):
-    # one TurnCache per episode batch: each turn's rows are kept for the next turn's contexts
-    turn_cache = TurnCache() if reuse_cache else None
+    # one TurnCache per episode batch: each turn's rows are kept for the next turn's contexts;
+    # decoded in chunks of batch_size, at most two chunks' rows are kept (the memory of two
+    # decoding batches' caches), and rows beyond that prefill their next turn whole
+    turn_cache = (TurnCache(max_rows=None if batch_size is None else 2 * batch_size)
+                  if reuse_cache else None)
 
     def generate(prompts: list[list[int]], stop_strings: list[str],
                  budgets: list[int]) -> list[list[int]]:
