@@ -110,6 +110,12 @@ def test_seed_level_paired_t_by_hand() -> None:
     assert test.p == pytest.approx(1 - 5 / math.sqrt(27))
     flat = seed_test([0.6, 0.7], [0.5, 0.6], paired=True)  # the same difference twice
     assert (flat.t, flat.p) == (None, 0.0)
+    from gear_rl.study.report import _seed_test
+    from gear_rl.study.stats import Difference
+
+    shown = _seed_test(Difference(0.1, 0.0, 0.2, 0.05, 0.14, True, flat, "within noise", 0.95,
+                                  0.8))
+    assert shown == "paired t: undefined, every seed differs by +0.100 (no seed-to-seed variance)"
     assert seed_test([0.6], [0.5], paired=True) is None
     welch = seed_test([0.6, 0.7, 0.8], [0.5, 0.6], paired=False)
     assert welch.kind == "Welch t" and welch.n == 2

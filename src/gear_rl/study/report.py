@@ -328,7 +328,9 @@ def _seed_test(difference: Difference) -> str:
     if test is None:
         return "— (fewer than 2 seeds)"
     if test.t is None:
-        return f"{test.kind}: no seed-to-seed variance, p = {test.p:g}"
+        # t is undefined (its limit gives p = 0 or 1, kept in study.json): say what happened
+        return (f"{test.kind}: undefined, every seed differs by {_fmt(test.difference, True)} "
+                f"(no seed-to-seed variance)")
     return f"{test.kind} = {test.t:.2f} (df {test.df:.1f}), p = {test.p:.3f}"
 
 
