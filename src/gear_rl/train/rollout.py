@@ -293,8 +293,11 @@ class TurnCache:
         return len(self._previous) + len(self._current)
 
     def release(self, context: Sequence[int], length: int) -> None:
-        """Drop the kept row whose ``length`` cached positions ``context`` was found to extend
-        (its keys and values were copied into a batch and are not needed again)."""
+        """Count a hit and drop the kept row whose ``length`` cached positions ``context`` was
+        found to extend (its keys and values were copied into a batch and are not needed
+        again)."""
+        self.hits += 1
+        self.reused_tokens += length
         self._previous.pop(tuple(context[:length + 1]), None)
 
     def advance(self) -> None:
@@ -532,14 +535,15 @@ def sample_responses(
         )
     device = next(model.parameters()).device
     prefill = DynamicCache(config=cast(PreTrainedConfig, model.config))
-    if not all(type(layer) is DynamicLayer for layer in prefill.layers):
+    full_attention = all(type(layer) is DynamicLayer for layer in prefill.layers)
+    if not full_attention:
         turn_cache = None  # other layer kinds (sliding windows) keep their own cache
     found = [None if turn_cache is None else turn_cache.lookup(p) for p in prompts]
     cache: Cache
     attention: torch.Tensor | None
     if any(hit is not None for hit in found):
-        cache, logits, attention, lengths = _prefill_extending(
-            model, prompts, found, pad_id, max_new_tokens, cast(TurnCache, turn_cache))
+        cache, logits, attention, lengths = _prefill_extending(model, prompts, found, pad_id,
+                                                               max_new_tokens)
         for prompt, hit in zip(prompts, found, strict=True):  # copied into `cache`: free them
             if hit is not None:
                 cast(TurnCache, turn_cache).release(prompt, hit[0])
@@ -554,7 +558,7 @@ def sample_responses(
         ).logits[:, -1]
         rows = None if len(distinct) == len(prompts) else torch.tensor(source, device=device)
         cache = prefill
-        if all(type(layer) is DynamicLayer for layer in prefill.layers):
+        if full_attention:
             cache = _buffered_cache(prefill,
                                     (lambda t: t) if rows is None else (lambda t: t[rows]),
                                     max_new_tokens)
@@ -584,7 +588,6 @@ def _prefill_extending(
     found: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]] | None],
     pad_id: int,
     extra: int,
-    turn_cache: TurnCache,
 ) -> tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prefill ``B`` prompts of which some extend rows kept in a :class:`TurnCache`
     (``found[i] = (length, layers)``: the first ``length`` positions are cached) and the others
@@ -607,11 +610,9 @@ def _prefill_extending(
             distinct[key] = len(items)
             items.append((length, layers, prompt[length:]))
         source.append(distinct[key])
-        if hit is not None:
-            turn_cache.hits += 1
-            turn_cache.reused_tokens += length
     width = max(length for length, _, _ in items)
-    span = max(len(rest) for _, _, rest in items)
+    input_ids, rest_mask, rest_lengths = _left_pad([rest for _, _, rest in items], pad_id, device)
+    span = input_ids.shape[1]
     template = next(layers for _, layers, _ in items if layers is not None)
     count = len(items)
     buffers = []
@@ -624,20 +625,17 @@ def _prefill_extending(
                 values[d, :, width - length:] = layers[index][1]
         buffers.append(_BufferLayer(keys, values, width + span + extra))
     cache = Cache(layers=cast(Any, buffers))
-    input_ids = torch.full((count, span), pad_id, dtype=torch.long)
-    attention = torch.zeros(count, width + span, dtype=torch.long)
-    positions = torch.zeros(count, span, dtype=torch.long)
-    for d, (length, _, rest) in enumerate(items):
-        input_ids[d, span - len(rest):] = torch.tensor(rest)
-        attention[d, width - length:width] = 1
-        attention[d, width + span - len(rest):] = 1
-        positions[d, span - len(rest):] = torch.arange(length, length + len(rest))
-    attention, positions = attention.to(device), positions.to(device)
+    cached = torch.tensor([length for length, _, _ in items], device=device)
+    if rest_mask is None:
+        rest_mask = torch.ones_like(input_ids)
+    attention = torch.cat([(torch.arange(width, device=device)
+                            >= (width - cached).unsqueeze(-1)).long(), rest_mask], dim=-1)
+    positions = cached.unsqueeze(-1) + (rest_mask.cumsum(-1) - 1).clamp_(min=0)
     logits = model(
-        input_ids=input_ids.to(device), attention_mask=attention, position_ids=positions,
+        input_ids=input_ids, attention_mask=attention, position_ids=positions,
         past_key_values=cache, use_cache=True, logits_to_keep=1,
     ).logits[:, -1]
-    lengths = torch.tensor([length + len(rest) for length, _, rest in items], device=device)
+    lengths = cached + rest_lengths
     if len(items) == len(prompts):
         return cache, logits, attention, lengths
     rows = torch.tensor(source, device=device)
