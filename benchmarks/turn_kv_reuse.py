@@ -70,6 +70,7 @@ def main() -> int:
         print(f"model {config.model}, {torch.get_num_threads()} threads, {len(prompts)} rows, "
               f"task {runtime.task.name}, sampler {rollout.dtype}, "
               f"limits {settings['limits']}", file=sys.stderr)
+
         def engine(reuse: bool):
             def run(repeat: int) -> dict[str, float]:
                 reset_peak()

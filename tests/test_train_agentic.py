@@ -306,7 +306,7 @@ def test_turn_kv_reuse_trains_and_evaluates_as_prefilling_every_turn(tmp_path, e
     assert len(metrics_on) == len(metrics_off)
     for on, off in zip(metrics_on, metrics_off, strict=True):
         for key in ("loss", "reward_mean", "env/turns_per_episode", "eval/env/success_rate",
-                    "eval/mean_reward"):
+                    "eval/mean@1", "eval/env/step_reward_mean", "eval/response_len"):
             if key in off:
                 assert on[key] == pytest.approx(off[key], rel=1e-6, abs=1e-9), key
     assert 0 < prefill_on < prefill_off
