@@ -7,14 +7,16 @@ for a process that uses it."""
 
 from __future__ import annotations
 
+from gear_rl.train.runtime import status_bytes as _status_bytes
+
 
 def status_bytes(field: str) -> int:
-    """``field`` (``VmRSS``, ``VmHWM``, ...) of ``/proc/self/status`` in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    """``field`` (``VmRSS``, ``VmHWM``, ...) of ``/proc/self/status`` in bytes (the trainer's
+    reader; here a missing field is an error: these benchmarks need Linux)."""
+    value = _status_bytes(field)
+    if value is None:
+        raise RuntimeError(f"{field} not in /proc/self/status (these benchmarks need Linux)")
+    return value
 
 
 def reset_peak() -> None:

@@ -7,12 +7,11 @@ import sys
 
 import pytest
 
-from gear_rl.train.runtime import release_free_memory
+from gear_rl.train.runtime import release_free_memory, status_bytes
 
 
 def _rss_mb() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
+    return (status_bytes("VmRSS") or 0) / 2**20
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap only")

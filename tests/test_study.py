@@ -32,6 +32,7 @@ from gear_rl.study.stats import (
     verdict,
 )
 from gear_rl.train.config import config_to_dict
+from gear_rl.train.records import is_measurement
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -552,7 +553,7 @@ def _comparable(out: Path) -> dict:
 
 
 def _metrics(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
+    return [{k: v for k, v in r.items() if not is_measurement(k)}
             for r in RunDir(run).read_metrics()]
 
 

@@ -12,9 +12,10 @@ import torch
 from conftest import tiny_trainer
 from gear_rl.credit import estimator_names
 from gear_rl.train import Trainer
+from gear_rl.train.records import is_measurement
 
 REQUIRED = ("step", "reward_mean", "entropy_mean", "loss", "time/step", "time/rollout",
-            "grad_norm", "clip_frac", "approx_kl")
+            "grad_norm", "clip_frac", "approx_kl", "memory/rss_gb", "memory/peak_rss_gb")
 
 
 def make_trainer(tmp_path, *overrides: str) -> Trainer:
@@ -44,6 +45,9 @@ def run_and_check(tmp_path, *overrides: str) -> list[dict]:
     assert (run_dir / "checkpoints" / "latest").is_file()
     assert (run_dir / "config.yaml").is_file()
     assert summary["steps"] == 2
+    for record in steps:  # the peak is the process's so far: never below what is resident
+        assert 0 < record["memory/rss_gb"] <= record["memory/peak_rss_gb"]
+    assert summary["peak_rss_gb"] == max(r["memory/peak_rss_gb"] for r in steps)
     return steps
 
 
@@ -82,7 +86,7 @@ def test_kl_opsd_agg_modes_epochs_minibatches(tmp_path) -> None:
 
 def test_same_seed_same_metrics(tmp_path) -> None:
     def strip(records):
-        return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
+        return [{k: v for k, v in r.items() if not is_measurement(k)}
                 for r in records]
 
     a = run_and_check(tmp_path / "a", "estimator=gear")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import kill_when
+from gear_rl.train.records import is_measurement
 
 ARGS = [
     "model=tiny-random", "task=arithmetic", "train_size=64", "estimator=gear",
@@ -52,7 +53,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 
 def _comparable(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/") and "per_s" not in k}
+    return [{k: v for k, v in r.items() if not is_measurement(k)}
             for r in records]
 
 

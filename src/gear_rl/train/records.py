@@ -19,8 +19,8 @@ from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, gear_segm
 from gear_rl.credit.diagnostics import reference_outcome, token_weights
 from gear_rl.tasks import Problem
 
-__all__ = ["Scores", "StepBatch", "batch_metrics", "format_summary", "sample_records",
-           "summarize"]
+__all__ = ["Scores", "StepBatch", "batch_metrics", "format_summary", "is_measurement",
+           "sample_records", "summarize"]
 
 
 @dataclass
@@ -165,6 +165,13 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
     return out
 
 
+def is_measurement(key: str) -> bool:
+    """True for a metrics key that measures the machine (``time/...``, ``memory/...``,
+    ``..._per_s``): it differs between two runs that compute the same thing, so a resume or
+    determinism check compares every other key."""
+    return key.startswith(("time/", "memory/")) or key.endswith("_per_s")
+
+
 def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator: str,
               model: str, task: str, seconds: float,
               tensorboard: bool = False) -> dict[str, Any]:
@@ -185,6 +192,9 @@ def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator:
         "step_seconds_mean": mean(steps, "time/step"),
         "reward_first5": mean(head, "reward_mean"), "reward_last5": mean(tail, "reward_mean"),
     }
+    peaks = [r["memory/peak_rss_gb"] for r in steps if "memory/peak_rss_gb" in r]
+    if peaks:  # over the whole run (records of earlier sessions included)
+        out["peak_rss_gb"] = max(peaks)
     if evals:
         out[f"eval_start_mean@{k}"] = evals[0][1]
         out[f"eval_end_mean@{k}"] = evals[-1][1]
@@ -207,6 +217,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         metric = key.removeprefix("eval_start_")
         start, end = summary[key], summary[f"eval_end_{metric}"]
         lines.append(f"held-out   {metric:<8} {start:.3f}  ->  {end:.3f}  ({end - start:+.3f})")
+    if summary.get("peak_rss_gb") is not None:
+        lines.append(f"memory     peak resident {summary['peak_rss_gb']:.2f} GB")
     lines += [f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, checkpoints/"
               f"{', tensorboard/' if summary.get('tensorboard') else ''})", "=" * 64]
     return "\n".join(lines)

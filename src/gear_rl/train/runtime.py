@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
 __all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "cpu_model",
-           "evaluate_model", "open_run", "release_free_memory", "resolve_device", "resume_config",
-           "rollout_settings", "run_evaluation", "run_path", "sandbox_secrets", "task_sandbox"]
+           "evaluate_model", "memory_metrics", "open_run", "release_free_memory",
+           "reset_device_peak", "resolve_device", "resume_config", "rollout_settings",
+           "run_evaluation", "run_path", "sandbox_secrets", "status_bytes", "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -84,6 +85,51 @@ def release_free_memory() -> None:
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return
     trim(0)
+
+
+def status_bytes(field: str) -> int | None:
+    """``field`` (``VmRSS``: resident now, ``VmHWM``: its peak since start or the last reset of
+    ``/proc/self/clear_refs``) of ``/proc/self/status`` in bytes; None where there is none (not
+    Linux)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """Memory of this process for a step's metrics record, in GB (1e9 bytes).
+
+    ``memory/rss_gb``: resident now; ``memory/peak_rss_gb``: the process's resident peak so far
+    (``VmHWM``; ``ru_maxrss`` where there is no ``/proc``); on CUDA, ``memory/cuda_peak_gb``:
+    the most allocated since the last :func:`reset_device_peak`."""
+    out: dict[str, float] = {}
+    now, peak = status_bytes("VmRSS"), status_bytes("VmHWM")
+    if now is not None:
+        out["memory/rss_gb"] = now / 1e9
+    if peak is None:
+        try:
+            import resource
+
+            scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+        except (ImportError, OSError):
+            peak = None
+    if peak is not None:
+        out["memory/peak_rss_gb"] = peak / 1e9
+    if device.type == "cuda":
+        out["memory/cuda_peak_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return out
+
+
+def reset_device_peak(device: torch.device) -> None:
+    """Start a new CUDA peak for :func:`memory_metrics` (elsewhere nothing)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -> AgentLimits:

@@ -65,8 +65,10 @@ from gear_rl.train.records import (
 from gear_rl.train.runtime import (
     build_runtime,
     evaluate_model,
+    memory_metrics,
     open_run,
     release_free_memory,
+    reset_device_peak,
     resume_config,
     rollout_settings,
     run_evaluation,
@@ -643,6 +645,7 @@ class Trainer:
     def step(self, step: int) -> tuple[dict[str, Any], StepOutput]:
         """One full training step; returns its metrics record and what it computed."""
         timings, started, cpu_started = {}, time.perf_counter(), time.process_time()
+        reset_device_peak(self.runtime.device)
         batch = self.rollout(step)
         release_free_memory()  # the sampler's KV caches
         timings["time/rollout"] = time.perf_counter() - started
@@ -669,7 +672,8 @@ class Trainer:
         metrics = batch_metrics(batch, scores, advantages, self.estimator, self.credit_config,
                                 self.config.rollout.samples_per_prompt)
         record = {"step": step, **metrics, **update, **timings,
-                  "rollout_tok_per_s": tokens / max(timings["time/rollout"], 1e-9)}
+                  "rollout_tok_per_s": tokens / max(timings["time/rollout"], 1e-9),
+                  **memory_metrics(self.runtime.device)}
         return record, StepOutput(batch, scores, advantages)
 
     def samples(self, output: StepOutput, step: int) -> list[dict[str, Any]]:
