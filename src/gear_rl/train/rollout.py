@@ -14,6 +14,11 @@ criteria, a full-vocabulary multinomial, rows that finished still decoded) costs
   CPU, and so are Gumbel-max and the exponential race, which need a random number per vocabulary
   entry), restricted to the top-p nucleus found through ``topk`` when the nucleus is small (the
   usual case) and a full sort otherwise; ``greedy=True`` takes the argmax instead;
+- on a CPU, a decoding step's attention (one query per row) is two batched matmuls and a
+  softmax in fp32, the query heads of each key-value head grouped against its keys
+  (:func:`decode_attention`), instead of ``scaled_dot_product_attention``: with a padding mask
+  the latter repeats the grouped keys and values for every query head and takes a path several
+  times slower for a single query (the step's attention dominated long multi-turn contexts);
 - a row stops at its first stop token (end of turn), which is kept in its response (the policy
   learns to stop); finished rows are dropped from the batch and the cache, so a batch does not
   pay for its longest answer on every row. A row also stops at its own token budget
@@ -37,16 +42,85 @@ draws different tokens for a given seed than prefilling every copy would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import Cache, DynamicCache, PreTrainedConfig
+from transformers import AttentionInterface, Cache, DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["Rollout", "RowStop", "TurnCache", "sample_continuations", "sample_next_token",
-           "sample_responses", "stop_token_ids"]
+__all__ = ["Rollout", "RowStop", "TurnCache", "decode_attention", "sample_continuations",
+           "sample_next_token", "sample_responses", "stop_token_ids"]
+
+DECODE_ATTENTION = "gear_rl_decode"
+"""The attention implementation name :func:`decode_attention` registers with transformers."""
+
+_PLAIN_ONLY = ("sliding_window", "softcap", "s_aux", "sinks")  # kwargs the fast path refuses
+
+
+def _decode_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                              value: torch.Tensor, attention_mask: torch.Tensor | None,
+                              dropout: float = 0.0, scaling: float | None = None,
+                              is_causal: bool | None = None, **kwargs: Any
+                              ) -> tuple[torch.Tensor, None]:
+    """Attention of one query per row against its cached keys (a decoding step), on a CPU.
+
+    Shapes: ``query`` ``[R, H, 1, D]``, ``key`` / ``value`` ``[R, G, L, D]`` (``G`` key-value
+    heads, ``H = G * n``), ``attention_mask`` None or ``[R, 1, 1, L]`` (bool, True where
+    attended, or additive float); returns ``[R, 1, H, D]`` like transformers' SDPA path. The
+    ``n`` query heads sharing a key-value head are one ``[n, D] x [D, L]`` matmul, in fp32
+    (scores, softmax and the weighted sum), then cast back to the query's dtype. Anything
+    else (more than one query, gradients, dropout, a sliding window, soft-capping, sinks, a
+    mask of another length, another device) goes to transformers' SDPA function unchanged."""
+    rows, heads, queries, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    mask = attention_mask
+    if (queries != 1 or query.device.type != "cpu" or dropout or torch.is_grad_enabled()
+            or heads % kv_heads or any(kwargs.get(name) is not None for name in _PLAIN_ONLY)
+            or (mask is not None and (mask.dim() != 4 or mask.shape[-1] != length
+                                      or mask.shape[-2] != 1))):
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      dropout=dropout, scaling=scaling, is_causal=is_causal,
+                                      **kwargs)
+    group = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else scaling
+    q = query.reshape(rows, kv_heads, group, dim).float()
+    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # [R, G, n, L]
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores.masked_fill_(~mask, float("-inf"))
+        else:
+            scores.add_(mask.float())
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, value.float())  # [R, G, n, D]
+    return out.to(query.dtype).reshape(rows, 1, heads, dim), None
+
+
+AttentionInterface.register(DECODE_ATTENTION, _decode_attention_forward)
+AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+
+
+@contextlib.contextmanager
+def decode_attention(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
+    """Within the block, a model that uses transformers' ``sdpa`` attention on a CPU decodes
+    with :func:`_decode_attention_forward` (its config's attention implementation is switched
+    and restored on exit; every other forward of such a model goes to SDPA as before). Other
+    models, devices and implementations are left alone."""
+    config = getattr(model, "config", None)
+    device = next(model.parameters()).device
+    if (not enabled or config is None or device.type != "cpu"
+            or getattr(config, "_attn_implementation", None) != "sdpa"):
+        yield
+        return
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
 
 
 @dataclass(frozen=True)
@@ -325,7 +399,14 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
     return input_ids.to(device), attention, lengths.to(device)
 
 
-def _decode(
+def _decode(model: torch.nn.Module, *args: Any, fast_attention: bool = True,
+            **kwargs: Any) -> tuple[list[list[int]], list[bool]]:
+    """:func:`_decode_steps` under :func:`decode_attention` (``fast_attention``)."""
+    with decode_attention(model, fast_attention):
+        return _decode_steps(model, *args, **kwargs)
+
+
+def _decode_steps(
     model: torch.nn.Module,
     cache: Cache,
     logits: torch.Tensor,
@@ -470,6 +551,7 @@ def sample_responses(
     budgets: Sequence[int] | None = None,
     row_stop: RowStop | None = None,
     turn_cache: TurnCache | None = None,
+    fast_attention: bool = True,
 ) -> Rollout:
     """Sample one response per prompt with a KV cache, stopping each row at its first stop token.
 
@@ -503,6 +585,8 @@ def sample_responses(
         turn_cache: reuse the KV caches of an earlier call's rows that a prompt extends and
             keep this call's rows in it (:class:`TurnCache`; the caller calls its ``advance``
             after each call). Ignored for models with other than full-attention layers.
+        fast_attention: decode under :func:`decode_attention` (CPU, ``sdpa`` models; False:
+            transformers' SDPA at every step, e.g. to compare).
 
     Returns:
         ``Rollout`` with ``B`` responses in the order of ``prompt_ids``.
@@ -524,7 +608,7 @@ def sample_responses(
                 stop_ids=stops, pad_id=pad_id, temperature=temperature, top_p=top_p,
                 generator=generator, greedy=greedy, paired_draws=paired_draws,
                 budgets=None if caps is None else caps[i : i + batch_size], row_stop=row_stop,
-                turn_cache=turn_cache,
+                turn_cache=turn_cache, fast_attention=fast_attention,
             )
             for i in range(0, len(prompts), batch_size)
         ]
@@ -574,7 +658,7 @@ def sample_responses(
         temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
         paired_draws=paired_draws,
         budgets=None if caps is None else torch.tensor(caps, device=device), row_stop=row_stop,
-        keep=None if turn_cache is None else kept.__setitem__,
+        keep=None if turn_cache is None else kept.__setitem__, fast_attention=fast_attention,
     )
     if turn_cache is not None:
         for row, layers in kept.items():
@@ -658,6 +742,7 @@ def sample_continuations(
     generator: torch.Generator | None = None,
     batch_size: int | None = None,
     greedy: bool = False,
+    fast_attention: bool = True,
 ) -> list[Rollout]:
     """Sample ``samples`` continuations of each prefix ``prefix_ids[:c]``, ``c`` in ``cuts``,
     from one forward pass over ``prefix_ids``.
@@ -673,8 +758,8 @@ def sample_continuations(
         prefix_ids: one token sequence of length ``L`` (e.g. prompt + sampled response).
         cuts: prefix lengths, each in ``[1, L]`` (repeats allowed).
         samples: continuations per cut (>= 1).
-        max_new_tokens, stop_ids, temperature, top_p, generator, greedy: as in
-            :func:`sample_responses`.
+        max_new_tokens, stop_ids, temperature, top_p, generator, greedy, fast_attention: as
+            in :func:`sample_responses`.
         pad_id: accepted for symmetry with :func:`sample_responses`; no pad token is ever fed
             (padding lives in the cache and is masked).
         batch_size: rows (continuations) decoded at once, ``len(cuts) * samples`` in all
@@ -732,7 +817,7 @@ def sample_continuations(
         part, done = _decode(
             model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens,
             stops=stops, temperature=temperature, top_p=top_p, greedy=greedy,
-            generator=generator,
+            generator=generator, fast_attention=fast_attention,
         )
         responses += part
         finished += done
