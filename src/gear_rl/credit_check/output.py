@@ -166,7 +166,7 @@ def format_table(data: dict[str, Any]) -> str:
               f"{timing['score_seconds']} s; this session {timing['wall_seconds_this_session']} "
               "s wall",
               ("- continuations: whole episodes from each prefix (agent limits "
-               f"{settings['agent_limits']}), each turn re-reading its context"
+               f"{settings['agent_limits']}; docs/credit_check.md, \"Limits\")"
                if settings.get("agent_limits") else
                f"- shared prefix KV cache: {settings['shared_prefix']}")]
     return "\n".join(lines) + "\n"
