@@ -31,10 +31,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 
 from _alternate import alternate
+from _runtime import training_runtime
 from gear_rl.signals import prompt_ids
-from gear_rl.train import load_config
 from gear_rl.train.rollout import sample_responses
-from gear_rl.train.runtime import build_runtime, cpu_model
+from gear_rl.train.runtime import cpu_model
 
 
 def contexts(runtime, rows: int, group: int, length: int) -> list[list[int]]:
@@ -105,10 +105,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per engine")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
-    overrides = args.overrides if any(o.startswith("threads=") for o in args.overrides) else [
-        "threads=2", *args.overrides]
-    config = load_config(None, overrides)
-    runtime = build_runtime(config, training=True)
+    overrides, config, runtime = training_runtime(args.overrides)
     if args.rows < 1 or args.group < 1 or args.new_tokens < 1:
         raise SystemExit("--rows, --group and --new-tokens must be at least 1")
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -42,10 +42,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
+from _runtime import training_runtime
 from gear_rl.signals import prompt_ids
-from gear_rl.train import load_config
 from gear_rl.train.rollout import sample_responses
-from gear_rl.train.runtime import build_runtime
 
 
 def _until_stop(rows: list[list[int]], stops: set[int]) -> list[list[int]]:
@@ -177,10 +176,7 @@ def main() -> int:
     parser.add_argument("--modes", default="sample,greedy", help="comma-separated: sample,greedy")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = parser.parse_args()
-    overrides = args.overrides if any(o.startswith("threads=") for o in args.overrides) else [
-        "threads=2", *args.overrides]
-    config = load_config(None, overrides)
-    runtime = build_runtime(config, training=True)
+    overrides, config, runtime = training_runtime(args.overrides)
     results = {mode: bench(runtime, config, mode, args.repeats)
                for mode in args.modes.split(",")}
     checks = greedy_checks(runtime, config)
