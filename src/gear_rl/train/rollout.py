@@ -399,14 +399,7 @@ def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
     return input_ids.to(device), attention, lengths.to(device)
 
 
-def _decode(model: torch.nn.Module, *args: Any, fast_attention: bool = True,
-            **kwargs: Any) -> tuple[list[list[int]], list[bool]]:
-    """:func:`_decode_steps` under :func:`decode_attention` (``fast_attention``)."""
-    with decode_attention(model, fast_attention):
-        return _decode_steps(model, *args, **kwargs)
-
-
-def _decode_steps(
+def _decode(
     model: torch.nn.Module,
     cache: Cache,
     logits: torch.Tensor,
@@ -423,8 +416,10 @@ def _decode_steps(
     budgets: torch.Tensor | None = None,
     row_stop: RowStop | None = None,
     keep: Callable[[int, list[tuple[torch.Tensor, torch.Tensor]]], None] | None = None,
+    fast_attention: bool = True,
 ) -> tuple[list[list[int]], list[bool]]:
-    """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`.
+    """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`,
+    under :func:`decode_attention` (``fast_attention``).
 
     Args:
         model: the causal LM that filled ``cache``.
@@ -434,8 +429,8 @@ def _decode_steps(
         attention: ``[R, W]``, 1 on cached tokens and 0 on left padding; ``None`` when no row is
             padded (then no mask is built at all).
         positions: ``[R]`` position id of each row's next token.
-        max_new_tokens, stops, temperature, top_p, greedy, generator, paired_draws: see
-            :func:`sample_responses`.
+        max_new_tokens, stops, temperature, top_p, greedy, generator, paired_draws,
+            fast_attention: see :func:`sample_responses`.
         budgets: ``[R]`` each row's own cap (<= ``max_new_tokens``; None: all
             ``max_new_tokens``).
         row_stop: stop a row once its new tokens satisfy it (:class:`RowStop`).
@@ -448,81 +443,83 @@ def _decode_steps(
         or cut at its budget) and ``R`` finished flags (True where the response ends with a
         stop token).
     """
-    rows, device = logits.shape[0], logits.device
-    # One token buffer and (with padding) one mask buffer for the whole loop.
-    out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
-    mask, width = None, 0
-    if attention is not None:  # the cache holds `width` positions before the first step
-        width = attention.shape[1]
-        mask = attention.new_ones(rows, width + max_new_tokens)
-        mask[:, :width] = attention
-    stop_tensor = torch.tensor(sorted(set(stops)), device=device)
-    active = torch.arange(rows, device=device)  # the original row of each live batch row
-    trigger = None
-    if row_stop is not None:  # padded to the logits' width: ids beyond the vocabulary never fire
-        trigger = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
-        width_v = min(int(row_stop.trigger.numel()), logits.shape[-1])
-        trigger[:width_v] = row_stop.trigger[:width_v].to(device)
-    last_step = None if budgets is None else (budgets.to(device) - 1)  # a row's final step
-    position = positions.reshape(-1, 1)
-    # paired: every (row, step) has its own uniform number, drawn before decoding, whichever
-    # rows finish early (row-major, so a row's numbers are a fixed stretch of the stream)
-    draws = (torch.rand(rows, max_new_tokens, generator=generator, device=device)
-             if paired_draws and not greedy else None)
+    with decode_attention(model, fast_attention):
+        rows, device = logits.shape[0], logits.device
+        # One token buffer and (with padding) one mask buffer for the whole loop.
+        out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
+        mask, width = None, 0
+        if attention is not None:  # the cache holds `width` positions before the first step
+            width = attention.shape[1]
+            mask = attention.new_ones(rows, width + max_new_tokens)
+            mask[:, :width] = attention
+        stop_tensor = torch.tensor(sorted(set(stops)), device=device)
+        active = torch.arange(rows, device=device)  # the original row of each live batch row
+        trigger = None
+        if row_stop is not None:
+            # padded to the logits' width: ids beyond the vocabulary never fire
+            trigger = torch.zeros(logits.shape[-1], dtype=torch.bool, device=device)
+            width_v = min(int(row_stop.trigger.numel()), logits.shape[-1])
+            trigger[:width_v] = row_stop.trigger[:width_v].to(device)
+        last_step = None if budgets is None else (budgets.to(device) - 1)  # a row's final step
+        position = positions.reshape(-1, 1)
+        # paired: every (row, step) has its own uniform number, drawn before decoding, whichever
+        # rows finish early (row-major, so a row's numbers are a fixed stretch of the stream)
+        draws = (torch.rand(rows, max_new_tokens, generator=generator, device=device)
+                 if paired_draws and not greedy else None)
 
-    def save(leaving: torch.Tensor) -> None:  # the rows at these batch indices leave
-        layers = cast(list[_BufferLayer], cache.layers)
-        length = layers[0].length
-        for k in leaving.tolist():
-            columns = None if mask is None else mask[k, :length].nonzero().squeeze(-1)
-            kept_layers = []
-            for layer in layers:
-                keys, values = cast(torch.Tensor, layer.keys)[k], cast(torch.Tensor,
-                                                                       layer.values)[k]
-                kept_layers.append((keys.clone(), values.clone()) if columns is None
-                                   else (keys[:, columns], values[:, columns]))
-            cast(Callable, keep)(int(active[k]), kept_layers)
+        def save(leaving: torch.Tensor) -> None:  # the rows at these batch indices leave
+            layers = cast(list[_BufferLayer], cache.layers)
+            length = layers[0].length
+            for k in leaving.tolist():
+                columns = None if mask is None else mask[k, :length].nonzero().squeeze(-1)
+                kept_layers = []
+                for layer in layers:
+                    keys, values = cast(torch.Tensor, layer.keys)[k], cast(torch.Tensor,
+                                                                           layer.values)[k]
+                    kept_layers.append((keys.clone(), values.clone()) if columns is None
+                                       else (keys[:, columns], values[:, columns]))
+                cast(Callable, keep)(int(active[k]), kept_layers)
 
-    for step in range(max_new_tokens):
-        if greedy:
-            tokens = logits.argmax(-1)
-        else:
-            tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
-                                       generator=generator,
-                                       uniform=None if draws is None else draws[active, step])
-        out[active, step] = tokens
-        if step == max_new_tokens - 1:
-            if keep is not None:
-                save(torch.arange(active.numel()))
-            break
-        done = (tokens.unsqueeze(-1) == stop_tensor).any(-1)
-        if last_step is not None:
-            done |= last_step[active] <= step
-        if trigger is not None:
-            fired = trigger[tokens] & ~done
-            if bool(fired.any()):  # a row may have completed what row_stop waits for
-                for k in fired.nonzero().squeeze(-1).tolist():
-                    row = int(active[k])
-                    if cast(RowStop, row_stop).done(out[row, : step + 1].tolist()):
-                        done[k] = True
-        if bool(done.any()):  # the loop's one host sync per step
-            if keep is not None:
-                save(done.nonzero().squeeze(-1))
-            kept = (~done).nonzero().squeeze(-1)
-            if kept.numel() == 0:
+        for step in range(max_new_tokens):
+            if greedy:
+                tokens = logits.argmax(-1)
+            else:
+                tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
+                                           generator=generator,
+                                           uniform=None if draws is None else draws[active, step])
+            out[active, step] = tokens
+            if step == max_new_tokens - 1:
+                if keep is not None:
+                    save(torch.arange(active.numel()))
                 break
-            cache.batch_select_indices(kept)
-            active, tokens, position = active[kept], tokens[kept], position[kept]
-            if mask is not None:
-                mask = mask[kept]
-        logits = model(
-            input_ids=tokens.unsqueeze(-1),
-            attention_mask=None if mask is None else mask[:, : width + step + 1],
-            position_ids=position + step, past_key_values=cache, use_cache=True,
-        ).logits[:, -1]
-    stop_set = set(stops)
-    responses = [[t for t in row if t >= 0] for row in out.tolist()]
-    return responses, [r[-1] in stop_set for r in responses]
+            done = (tokens.unsqueeze(-1) == stop_tensor).any(-1)
+            if last_step is not None:
+                done |= last_step[active] <= step
+            if trigger is not None:
+                fired = trigger[tokens] & ~done
+                if bool(fired.any()):  # a row may have completed what row_stop waits for
+                    for k in fired.nonzero().squeeze(-1).tolist():
+                        row = int(active[k])
+                        if cast(RowStop, row_stop).done(out[row, : step + 1].tolist()):
+                            done[k] = True
+            if bool(done.any()):  # the loop's one host sync per step
+                if keep is not None:
+                    save(done.nonzero().squeeze(-1))
+                kept = (~done).nonzero().squeeze(-1)
+                if kept.numel() == 0:
+                    break
+                cache.batch_select_indices(kept)
+                active, tokens, position = active[kept], tokens[kept], position[kept]
+                if mask is not None:
+                    mask = mask[kept]
+            logits = model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=None if mask is None else mask[:, : width + step + 1],
+                position_ids=position + step, past_key_values=cache, use_cache=True,
+            ).logits[:, -1]
+        stop_set = set(stops)
+        responses = [[t for t in row if t >= 0] for row in out.tolist()]
+        return responses, [r[-1] in stop_set for r in responses]
 
 
 def _check_sampling(max_new_tokens: int, temperature: float, top_p: float, greedy: bool) -> None:
