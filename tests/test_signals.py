@@ -298,11 +298,57 @@ def test_bfloat16_model_close_to_float32():
         torch.testing.assert_close(value, getattr(fp32, field), atol=0.15, rtol=0.05)
 
 
+@pytest.mark.parametrize("estimator", ["full", "k3"])
+def test_chunk_signals_stay_float32_under_autocast(estimator: str):
+    """The trainer runs the signals under bf16 autocast: the LM head's logits are bf16, but the
+    entropy and the divergence are reduced in fp32 from fp32 log-softmaxes. (``einsum`` lowers
+    to ``bmm``, which autocast runs in bf16: that rounded every probability and log-prob to 8
+    bits and returned bf16, about 1e-2 off at these entropies.)"""
+    from gear_rl.signals.divergence import _chunk_scores, _chunk_signals
+
+    generator = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(64, 4096, bias=False)
+    student_hidden, teacher_hidden = torch.randn(2, 37, 64, generator=generator)
+    targets = torch.randint(0, 4096, (37,), generator=generator)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        student_logits, teacher_logits = head(student_hidden), head(teacher_hidden)
+        signals = _chunk_signals(head, student_hidden, teacher_hidden, targets, 0.7, estimator,
+                                 None)
+        scores = _chunk_scores(head, student_hidden, targets, 0.7)
+    student = (student_logits.double() / 0.7).log_softmax(-1)
+    teacher = (teacher_logits.double() / 0.7).log_softmax(-1)
+    entropy = -(student.exp() * student).sum(-1)
+    expected_divergence = ((student.exp() * (student - teacher)).sum(-1) if estimator == "full"
+                           else sampled_token_divergence(student.gather(-1, targets[:, None])[:, 0],
+                                                         teacher.gather(-1, targets[:, None])[:, 0],
+                                                         "k3"))
+    for value, expected in ((signals[2], entropy), (scores[1], entropy),
+                            (signals[3], expected_divergence)):
+        assert value.dtype == torch.float32
+        torch.testing.assert_close(value.double(), expected, atol=ATOL, rtol=RTOL)
+
+
 def test_default_chunk_size():
     assert default_chunk_size(49_152) == 682
     assert default_chunk_size(151_936) == 220
     assert default_chunk_size(301) == 4096
     assert default_chunk_size(10**9) == 16
+    assert default_chunk_size(49_152, half_precision=True) == 170
+    assert default_chunk_size(151_936, half_precision=True) == 55
+    assert default_chunk_size(10**9, half_precision=True) == 16
+
+
+def test_default_chunk_size_follows_the_heads_precision():
+    from gear_rl.signals.divergence import _check_chunk_size
+
+    head = torch.nn.Linear(8, 49_152, bias=False)
+    assert _check_chunk_size(None, head) == 682
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _check_chunk_size(None, head) == 170
+        assert _check_chunk_size(64, head) == 64
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert _check_chunk_size(None, head) == 682
+    assert _check_chunk_size(None, head.to(torch.bfloat16)) == 170
 
 
 # --- bad input ----------------------------------------------------------------------------------

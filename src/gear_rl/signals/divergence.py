@@ -67,10 +67,18 @@ SAMPLED_TOKEN_ESTIMATORS: tuple[str, ...] = ("k3", "k1")
 # The largest log-ratio log(p_t / p_s) k3 exponentiates (see sampled_token_divergence).
 MAX_LOG_RATIO = 64.0
 
-# Rows per LM-head chunk by default: about 2**25 logits (128 MiB in fp32) per [chunk, V] buffer.
-# Large enough that the head's matmul runs near full speed (on a 2-core CPU, 170-row chunks ran
-# ~25% slower than 640-row ones), small enough that the few live buffers stay far below B x T x V.
+# Rows per LM-head chunk by default: about 2**25 logits (128 MiB in fp32) per [chunk, V] buffer
+# where the head computes in fp32, 2**23 (32 MiB) where it computes in bf16/fp16 (autocast, or a
+# 16-bit model). In fp32 the head's matmul is most of a chunk's cost and large chunks run it
+# fastest (on a 2-core AVX2 CPU, 170-row chunks ran ~25% slower than 640-row ones; on an AVX-512
+# one, the same within noise). In 16 bits the matmul is cheap and the fp32 [chunk, V] buffers
+# (the upcast logits, log-softmaxes, probabilities) are the cost: 128 MiB buffers are mapped
+# fresh from the OS for every chunk and page-faulted in, 32 MiB ones are reused from the heap
+# (glibc's largest dynamic mmap threshold is 32 MiB). Measured on SmolLM2's head (V = 49,152,
+# 1,024 rows, bf16 autocast, 2 threads, AMD EPYC with AVX-512 BF16): the update's chunks
+# 1.51 s at 682 rows, 1.17 s at 170 (the teacher-free scoring pass 0.74 / 0.62 s); docs/speed.md.
 _DEFAULT_CHUNK_ELEMENTS = 2**25
+_DEFAULT_CHUNK_ELEMENTS_16BIT = 2**23
 
 
 @dataclass
@@ -150,9 +158,11 @@ def sampled_token_divergence(student_logprobs: torch.Tensor, teacher_logprobs: t
     return (torch.expm1(log_ratio) - log_ratio).clamp_min(0.0)
 
 
-def default_chunk_size(vocab_size: int) -> int:
-    """Rows per LM-head chunk: about 2**25 logits per chunk, between 16 and 4096 rows."""
-    return max(16, min(4096, _DEFAULT_CHUNK_ELEMENTS // max(1, vocab_size)))
+def default_chunk_size(vocab_size: int, half_precision: bool = False) -> int:
+    """Rows per LM-head chunk: about 2**25 logits per chunk (2**23 where the head computes in
+    bf16/fp16, ``half_precision``), between 16 and 4096 rows."""
+    elements = _DEFAULT_CHUNK_ELEMENTS_16BIT if half_precision else _DEFAULT_CHUNK_ELEMENTS
+    return max(16, min(4096, elements // max(1, vocab_size)))
 
 
 def backbone_tokens(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
@@ -212,7 +222,8 @@ def token_signals(
             in the context, zero in the output): ``B`` lists matching the responses' lengths, or a
             ``[B, T]`` tensor (entries past a response's end are ignored). ``None``: all 1.
         chunk_size: response positions per LM-head chunk; ``None`` picks
-            :func:`default_chunk_size` for the vocabulary.
+            :func:`default_chunk_size` for the vocabulary and the head's precision (16-bit
+            under bf16/fp16 autocast or with 16-bit weights).
         student_requires_grad: keep the autograd graph through the student (for a distillation
             loss); the teacher pass is always gradient-free.
         share_prompts: run each distinct prompt once and its responses against a shared KV cache
@@ -251,7 +262,7 @@ def token_signals(
             )
     elif topk is not None:
         raise ValueError(f"topk is only used with estimator='topk', got topk={topk!r}")
-    chunk_size = _check_chunk_size(chunk_size, vocab_size)
+    chunk_size = _check_chunk_size(chunk_size, head)
     divergence_grad = (student_requires_grad if divergence_requires_grad is None
                        else bool(divergence_requires_grad) and student_requires_grad)
     share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
@@ -318,7 +329,7 @@ def response_logprobs(
     responses = _id_lists("response_ids", response_ids, model)
     rows = _Rows(_policy_mask(response_mask, responses), responses, head.weight.device)
     temperature = _check_temperature(temperature)
-    chunk_size = _check_chunk_size(chunk_size, head.out_features)
+    chunk_size = _check_chunk_size(chunk_size, head)
     share = _share_prompts(share_prompts, prompts, requires_grad=requires_grad)
     with torch.enable_grad() if requires_grad else torch.no_grad():
         hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
@@ -445,8 +456,14 @@ def _divergence(student: torch.Tensor, student_probs: torch.Tensor,
 
 
 def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``(a * b).sum(-1)`` for ``[C, V]`` inputs without the ``[C, V]`` product (a batched dot)."""
-    return torch.einsum("cv,cv->c", a, b)
+    """``(a * b).sum(-1)`` for ``[C, V]`` fp32 inputs without the ``[C, V]`` product (a batched
+    dot), in fp32: ``[C]`` fp32. Autocast is off here: ``einsum`` lowers to ``bmm``, which
+    autocast's CPU and CUDA lists run in bf16/fp16, and that rounded every probability and
+    log-prob to 8 significant bits and returned the entropy and the full divergence in bf16
+    (entropy near 10 nats off by up to 0.02 and quantised to steps of 1/16), at several times
+    the fp32 cost (the inputs' casts)."""
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        return torch.einsum("cv,cv->c", a, b)
 
 
 def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -661,9 +678,15 @@ def _model_parts(model: PreTrainedModel) -> tuple[nn.Module, nn.Linear]:
     return backbone, head
 
 
-def _check_chunk_size(chunk_size: object, vocab_size: int) -> int:
+def _check_chunk_size(chunk_size: object, head: nn.Linear) -> int:
+    """``chunk_size`` checked, or :func:`default_chunk_size` for ``head`` as it computes here
+    (16-bit under an enabled bf16/fp16 autocast of its device, or with 16-bit weights)."""
     if chunk_size is None:
-        return default_chunk_size(vocab_size)
+        device = head.weight.device.type
+        half = (head.weight.dtype in (torch.bfloat16, torch.float16)
+                or (torch.is_autocast_enabled(device)
+                    and torch.get_autocast_dtype(device) in (torch.bfloat16, torch.float16)))
+        return default_chunk_size(head.out_features, half)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     return chunk_size
