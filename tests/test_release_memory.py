@@ -41,3 +41,43 @@ def test_freed_heap_pages_go_back_to_the_os() -> None:
     released = _rss_mb()
     libc.free(guard)
     assert held - released > 150, (held, released)
+
+
+_REUSE_PROBE = """
+import ctypes, resource, sys
+from gear_rl.train.runtime import keep_heap_pages
+if sys.argv[1] == "keep":
+    assert keep_heap_pages()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+size = 96 * 2**20  # above glibc's largest dynamic mmap threshold (32 MiB)
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    libc.free(block)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(max(faults[1:]))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's heap only")
+def test_keep_heap_pages_reuses_large_blocks() -> None:
+    """By default glibc maps a 96 MiB block afresh each time (every page faulted in again);
+    after keep_heap_pages the heap keeps it and the next allocations reuse its pages. Each case
+    in its own process: the setting is process-wide."""
+    import subprocess
+
+    if not hasattr(ctypes.CDLL(None), "mallopt"):
+        pytest.skip("not glibc")
+    pages = 96 * 2**20 // 4096
+
+    def probe(mode: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _REUSE_PROBE, mode], capture_output=True,
+                              text=True, check=True)
+        return int(done.stdout.strip().splitlines()[-1])
+
+    assert probe("default") > pages // 2  # every later allocation faults its pages in again
+    assert probe("keep") < pages // 20  # reused: (almost) no new faults

@@ -427,6 +427,10 @@ class TrainConfig:
         precision: training/scoring compute: ``auto`` (bf16 autocast where the device computes
             bf16 natively, else fp32), ``bf16`` or ``fp32``. Master weights are always fp32.
         threads: torch CPU threads (None: torch's default).
+        heap_reuse: let glibc's heap keep freed memory for reuse within a phase instead of
+            unmapping large blocks and page-faulting them in again
+            (:func:`gear_rl.train.runtime.keep_heap_pages`; process-wide, Linux/glibc only);
+            the trainer still hands free pages back between phases.
     """
 
     model: str = "smollm2-135m"
@@ -445,6 +449,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"
     threads: int | None = None
+    heap_reuse: bool = True
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -87,6 +87,32 @@ def release_free_memory() -> None:
     trim(0)
 
 
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_heap_pages() -> bool:
+    """Let glibc's heap keep and reuse freed memory within a phase (``mallopt``; elsewhere
+    nothing): blocks up to 1 GiB come from the heap instead of fresh ``mmap`` regions, and the
+    heap's free top is not handed back automatically below 2 GiB. :func:`release_free_memory`
+    still returns the free pages between a step's phases, so the phases' peaks stay what they
+    were; within a phase the same pages serve every chunk and micro-batch instead of being
+    unmapped and page-faulted in again. By default glibc maps a block above its dynamic
+    threshold (at most 32 MiB) afresh each time and trims a free top above twice that: the
+    update's ``[chunk, V]`` buffers and ``[V, H]`` head gradients were page-faulted in on every
+    use, about 2 GB of faults per default-task update, which on this project's VMs cost more
+    CPU time in the kernel than the LM head's matmuls (docs/speed.md). Process-wide and not
+    undone (glibc has no way back to the dynamic threshold). Returns whether it was applied."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD,
+                                                                       2**31 - 1))
+
+
 def status_bytes(field: str) -> int | None:
     """``field`` (``VmRSS``: resident now, ``VmHWM``: its peak since start or the last reset of
     ``/proc/self/clear_refs``) of ``/proc/self/status`` in bytes; None where there is none (not
@@ -290,6 +316,8 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     config.validate()
     if config.threads:
         torch.set_num_threads(config.threads)
+    if config.heap_reuse:
+        keep_heap_pages()
     device = resolve_device(config.device)
     fast_bf16 = bf16_is_native(device)
     autocast = config.precision == "bf16" or (config.precision == "auto" and fast_bf16)
