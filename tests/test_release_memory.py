@@ -81,3 +81,20 @@ def test_keep_heap_pages_reuses_large_blocks() -> None:
 
     assert probe("default") > pages // 2  # every later allocation faults its pages in again
     assert probe("keep") < pages // 20  # reused: (almost) no new faults
+
+
+@pytest.mark.parametrize(("task", "overrides", "applied"), [
+    (None, (), True),  # single-turn (the toy task): on by default
+    ("config", ("task=sokoban",), False),  # multi-turn: off by default (memory)
+    ("config", ("task=sokoban", "heap_reuse=true"), True),
+    (None, ("heap_reuse=false",), False),
+])
+def test_heap_reuse_default_follows_the_task(tmp_path, monkeypatch, task, overrides,
+                                             applied) -> None:
+    import gear_rl.train.runtime as runtime
+    from conftest import tiny_trainer
+
+    calls: list[bool] = []
+    monkeypatch.setattr(runtime, "keep_heap_pages", lambda: calls.append(True) or True)
+    tiny_trainer(tmp_path / "run", *overrides, task=task).close()
+    assert bool(calls) == applied

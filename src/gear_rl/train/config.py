@@ -430,7 +430,10 @@ class TrainConfig:
         heap_reuse: let glibc's heap keep freed memory for reuse within a phase instead of
             unmapping large blocks and page-faulting them in again
             (:func:`gear_rl.train.runtime.keep_heap_pages`; process-wide, Linux/glibc only);
-            the trainer still hands free pages back between phases.
+            the trainer still hands free pages back between phases. ``None`` (default): on
+            for single-turn tasks (a quarter off the default task's scoring + update time),
+            off for agent and environment tasks, whose update is the run's memory peak (on
+            tool-math it added about 0.27 GB to that peak for 3% of the update's time).
     """
 
     model: str = "smollm2-135m"
@@ -449,7 +452,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"
     threads: int | None = None
-    heap_reuse: bool = True
+    heap_reuse: bool | None = None
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -316,8 +316,6 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     config.validate()
     if config.threads:
         torch.set_num_threads(config.threads)
-    if config.heap_reuse:
-        keep_heap_pages()
     device = resolve_device(config.device)
     fast_bf16 = bf16_is_native(device)
     autocast = config.precision == "bf16" or (config.precision == "auto" and fast_bf16)
@@ -353,6 +351,9 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
         task = load_task(config.task, options=config.task_options,
                          train_size=config.train_size, eval_size=config.eval.size, seed=0,
                          instruction=config.instruction, eval_path=config.eval_data)
+    # None: single-turn tasks only (multi-turn rows make the update the run's memory peak)
+    if config.heap_reuse or (config.heap_reuse is None and task_turns(task) is None):
+        keep_heap_pages()
     return Runtime(device=device, autocast=autocast, model=model, tokenizer=tokenizer,
                    sampler=sampler, stop_ids=stops, pad_id=int(pad if pad is not None
                                                                else stops[0]),
