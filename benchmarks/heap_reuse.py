@@ -29,22 +29,8 @@ import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-
-def _trainer(overrides: list[str]):
-    from gear_rl.train import Trainer, load_config
-
-    return Trainer(load_config(None, overrides))
-
-
-def _rollout(overrides: list[str], path: str) -> None:
-    trainer = _trainer(overrides)
-    try:
-        batch = trainer.rollout(1)
-    finally:
-        trainer.close()
-    with open(path, "wb") as file:
-        pickle.dump(batch, file)
-    print(json.dumps({"rows": len(batch.response_ids)}))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from update_memory import _rollout, _trainer  # the same trainer build and saved rollout
 
 
 def _updates(overrides: list[str], path: str, updates: int) -> None:
