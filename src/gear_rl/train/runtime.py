@@ -10,6 +10,7 @@ import ctypes
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -78,13 +79,20 @@ def release_free_memory() -> None:
     next phase's differently-sized tensors: a tool-math run's resident memory grew by about
     0.6 GB a step that way. Trimming between phases (tens of milliseconds) keeps each phase's
     peak at what is live plus what the phase itself allocates."""
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
+def _glibc(name: str) -> Callable[..., int] | None:
+    """glibc's function ``name`` (``malloc_trim``, ``mallopt``), or None off Linux or where
+    the C library has none (musl has neither)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-        return
-    trim(0)
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
 
 
 # glibc's mallopt parameters (malloc.h)
@@ -103,11 +111,8 @@ def keep_heap_pages() -> bool:
     use, about 2 GB of faults per default-task update, which on this project's VMs cost more
     CPU time in the kernel than the LM head's matmuls (docs/speed.md). Process-wide and not
     undone (glibc has no way back to the dynamic threshold). Returns whether it was applied."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(_M_TRIM_THRESHOLD,
                                                                        2**31 - 1))
