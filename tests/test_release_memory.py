@@ -96,5 +96,40 @@ def test_heap_reuse_default_follows_the_task(tmp_path, monkeypatch, task, overri
 
     calls: list[bool] = []
     monkeypatch.setattr(runtime, "keep_heap_pages", lambda: calls.append(True) or True)
-    tiny_trainer(tmp_path / "run", *overrides, task=task).close()
+    trainer = tiny_trainer(tmp_path / "run", *overrides, task=task)
+    trainer.close()
     assert bool(calls) == applied
+    assert trainer.runtime.heap_reuse is applied  # off: the update trims every few layers
+
+
+def test_heap_trims_every_few_layers_forward_and_backward(monkeypatch) -> None:
+    """heap_trims: a forward with gradients trims after every ``every``-th layer and its
+    backward again at those layers; a forward without gradients does not trim; after the
+    block the hooks are gone; the outputs and gradients are those of the plain model."""
+    import torch
+
+    import gear_rl.train.runtime as runtime
+    from gear_rl.models import tiny_random_model
+
+    calls: list[str] = []
+    monkeypatch.setattr(runtime, "release_free_memory", lambda: calls.append("trim"))
+    model = tiny_random_model("llama", vocab_size=64, seed=3, num_layers=5)
+    layers = model.base_model.layers
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    want = model(input_ids=ids).logits
+    want.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with runtime.heap_trims(layers, every=2):
+        with torch.no_grad():
+            model(input_ids=ids)
+        assert calls == []
+        got = model(input_ids=ids).logits
+        assert len(calls) == 3  # layers 0, 2 and 4
+        got.sum().backward()
+        assert len(calls) == 6
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    for grad, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, grad, atol=0, rtol=0)
+    model(input_ids=ids).logits.sum().backward()
+    assert len(calls) == 6

@@ -728,3 +728,64 @@ def test_checkpointed_layers_response_logprobs_and_refusals():
     unshared = [response_logprobs(sliding, prompts, responses, requires_grad=True,
                                   share_prompts=False, checkpoint_layers=c) for c in (False, True)]
     torch.testing.assert_close(unshared[1].logprobs, unshared[0].logprobs, atol=0, rtol=0)
+
+
+def test_prefix_rows_are_selected_inside_each_layer():
+    """The read-only prefix cache of the checkpointed shared-prompt pass keeps the prompt
+    pass's own states and selects each response's rows in the layer's ``update`` (so the
+    selection's backward runs with that layer's, instead of waiting in autograd's queue for
+    the whole response pass while holding its key/value gradients), with the same values."""
+    from gear_rl.signals.divergence import _PrefixCache
+
+    model = _model("llama", num_layers=2)
+    cache = _PrefixCache(model.config)
+    shape = (2, model.config.num_key_value_heads, 5, 16)
+    states = [(torch.randn(shape, requires_grad=True), torch.randn(shape, requires_grad=True))
+              for _ in range(2)]
+    for layer, (keys, values) in enumerate(states):
+        cache.update(keys * 1.0, values * 1.0, layer)
+    index = torch.tensor([1, 0, 1])
+    view = cache.selected(index)
+    for layer in range(2):
+        assert view.layers[layer].keys is cache.layers[layer].keys  # nothing selected yet
+        assert view.get_seq_length(layer) == 5
+    new = torch.randn(3, shape[1], 4, 16)
+    keys, values = view.update(new, new + 1, 1)
+    torch.testing.assert_close(keys, torch.cat([states[1][0][index], new], dim=-2),
+                               atol=0, rtol=0)
+    torch.testing.assert_close(values, torch.cat([states[1][1][index], new + 1], dim=-2),
+                               atol=0, rtol=0)
+    assert view.get_seq_length(1) == 5  # read-only: nothing appended
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_entropy_without_gradients_changes_nothing_else(share):
+    """``entropy_requires_grad=False`` (the trainer's setting: no loss term differentiates the
+    entropy): the same values bit for bit, the same log-prob gradients bit for bit, and, for a
+    distillation loss, the same divergence gradients; only the entropy carries no graph, so a
+    checkpointed chunk's recomputation stops at the log-probs."""
+    model = _model("llama", num_layers=2)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=47)
+    weights = torch.rand(len(responses), max(len(r) for r in responses),
+                         generator=torch.Generator().manual_seed(7)) - 0.5
+    runs = {}
+    for entropy_grad in (None, False):
+        sig = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                            chunk_size=5, temperature=0.8, student_requires_grad=True,
+                            share_prompts=share, checkpoint_layers=True,
+                            entropy_requires_grad=entropy_grad)
+        assert sig.entropy.requires_grad is (entropy_grad is None)
+        loss = ((sig.student_logprobs + sig.divergence) * weights).sum()
+        own = response_logprobs(model, prompts, responses, response_mask=mask, chunk_size=5,
+                                requires_grad=True, share_prompts=share,
+                                checkpoint_layers=True, entropy_requires_grad=entropy_grad)
+        assert own.entropy.requires_grad is (entropy_grad is None)
+        runs[entropy_grad] = (sig, own, _parameter_grads(model, loss),
+                              _parameter_grads(model, (own.logprobs * weights).sum()))
+    (sig_a, own_a, grads_a, own_grads_a), (sig_b, own_b, grads_b, own_grads_b) = runs.values()
+    for field in ("student_logprobs", "teacher_logprobs", "entropy", "divergence"):
+        torch.testing.assert_close(getattr(sig_b, field), getattr(sig_a, field), atol=0, rtol=0)
+    torch.testing.assert_close(own_b.entropy, own_a.entropy, atol=0, rtol=0)
+    torch.testing.assert_close(own_b.logprobs, own_a.logprobs, atol=0, rtol=0)
+    for got, want in zip([*grads_b, *own_grads_b], [*grads_a, *own_grads_a], strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)

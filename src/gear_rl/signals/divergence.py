@@ -204,6 +204,7 @@ def token_signals(
     share_prompts: bool | None = None,
     divergence_requires_grad: bool | None = None,
     checkpoint_layers: bool = False,
+    entropy_requires_grad: bool | None = None,
 ) -> TokenSignals:
     """Score ``B`` responses under the student prompts and the teacher prompts.
 
@@ -240,6 +241,13 @@ def token_signals(
         checkpoint_layers: with ``student_requires_grad``, run the student's backbone with
             every decoder layer checkpointed (module docstring): activation memory of one
             ``[tokens, H]`` tensor per layer, for one more backbone forward in the backward.
+        entropy_requires_grad: with ``student_requires_grad``, whether ``entropy`` carries
+            gradients (an entropy bonus needs them; ``None``: the same as
+            ``student_requires_grad``). ``False`` computes it without gradients, after the
+            log-probs (:func:`_student_side`): same values, and a loss that never reads the
+            entropy's gradient (the trainer's) no longer has each chunk's recomputation build
+            the entropy's ``[C, V]`` graph, whose saved tensors nobody unpacks and which
+            therefore stayed alive until the end of the backward.
 
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
@@ -265,6 +273,8 @@ def token_signals(
     chunk_size = _check_chunk_size(chunk_size, head)
     divergence_grad = (student_requires_grad if divergence_requires_grad is None
                        else bool(divergence_requires_grad) and student_requires_grad)
+    entropy_grad = (student_requires_grad if entropy_requires_grad is None
+                    else bool(entropy_requires_grad) and student_requires_grad)
     share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
     share_student = _share_prompts(share_prompts, students, requires_grad=student_requires_grad)
 
@@ -275,7 +285,8 @@ def token_signals(
                                             checkpoint_layers and student_requires_grad)
         student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
             _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
-            (temperature, estimator, topk, divergence_grad), chunk_size, student_requires_grad,
+            (temperature, estimator, topk, divergence_grad, entropy_grad), chunk_size,
+            student_requires_grad,
         )
     return TokenSignals(
         student_logprobs=student_logprobs,
@@ -312,6 +323,7 @@ def response_logprobs(
     requires_grad: bool = False,
     share_prompts: bool | None = None,
     checkpoint_layers: bool = False,
+    entropy_requires_grad: bool | None = None,
 ) -> ResponseScores:
     """One side of :func:`token_signals`: the sampled tokens' log-probs and the entropy of
     ``B`` responses after their prompts, with the same alignment, chunking, checks and memory
@@ -320,8 +332,8 @@ def response_logprobs(
 
     Args and shapes as in :func:`token_signals` (``requires_grad`` is its
     ``student_requires_grad``; ``share_prompts=None`` shares repeated prompts when
-    ``requires_grad`` is False; ``checkpoint_layers`` acts with ``requires_grad``). Returns
-    :class:`ResponseScores`.
+    ``requires_grad`` is False; ``checkpoint_layers`` and ``entropy_requires_grad`` act with
+    ``requires_grad``). Returns :class:`ResponseScores`.
     """
     backbone, head = _model_parts(model)
     _batch_size(prompt_ids=prompt_ids, response_ids=response_ids)
@@ -334,8 +346,10 @@ def response_logprobs(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
                                     checkpoint_layers and requires_grad)
-        logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,), (temperature,),
-                                     chunk_size, requires_grad)
+        entropy_grad = requires_grad if entropy_requires_grad is None else (
+            bool(entropy_requires_grad) and requires_grad)
+        logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,),
+                                     (temperature, entropy_grad), chunk_size, requires_grad)
     return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
 
 
@@ -395,11 +409,30 @@ def _chunked(fn: Callable[..., tuple[torch.Tensor, ...]], outputs: int, rows: _R
 
 
 def _chunk_scores(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
-                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                  temperature: float, entropy_grad: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` ``[C]`` and entropy ``[C]`` from hidden states ``[C, H]``."""
+    _logprobs, logprob, _probs, entropy = _student_side(head, hidden, targets, temperature,
+                                                        entropy_grad)
+    return logprob, entropy
+
+
+def _student_side(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
+                  temperature: float, entropy_grad: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The student's ``[C, V]`` log-softmax and probabilities and its ``[C]`` target log-prob
+    and entropy, from hidden states ``[C, H]``. ``entropy_grad=False``: the probabilities and
+    the entropy come after the target log-prob and without gradients, so that in a
+    checkpointed chunk the target log-prob is the last value the backward's recomputation
+    needs (non-reentrant checkpointing stops there) and no graph is built for an entropy
+    whose gradient nobody reads (its saved ``[C, V]`` tensors would live, unread, until the
+    backward ends)."""
     logprobs = _log_softmax(head(hidden), temperature)  # [C, V]
-    entropy = -_rowwise_dot(logprobs.exp(), logprobs)
-    return logprobs.gather(-1, targets[:, None]).squeeze(-1), entropy
+    logprob = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        probs = logprobs.exp()
+        entropy = -_rowwise_dot(probs, logprobs)
+    return logprobs, logprob, probs, entropy
 
 
 def _chunk_signals(
@@ -411,18 +444,20 @@ def _chunk_signals(
     estimator: str,
     topk: int | None,
     divergence_grad: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Signals for ``C`` rows from their predicting hidden states ``[C, H]`` and targets ``[C]``.
 
     Returns four ``[C]`` fp32 tensors: student log-prob, teacher log-prob, entropy, divergence.
     Peak memory is a handful of ``[C, V]`` fp32 buffers. ``divergence_grad=False``: the
     divergence is computed without gradients; every gradient-carrying value comes before the
-    teacher's head, so a checkpoint's recomputation stops before it.
+    teacher's head, so a checkpoint's recomputation stops before it. ``entropy_grad=False``:
+    the same for the entropy (:func:`_student_side`).
     """
-    student = _log_softmax(head(student_hidden), temperature)  # [C, V]
-    student_logprob = student.gather(-1, targets[:, None]).squeeze(-1)
-    student_probs = student.exp()
-    entropy = -_rowwise_dot(student_probs, student)
+    student, student_logprob, student_probs, entropy = _student_side(
+        head, student_hidden, targets, temperature, entropy_grad)
+    if divergence_grad and not entropy_grad:
+        student_probs = student.exp()  # the divergence's gradient goes through them
     with torch.no_grad():
         teacher = _log_softmax(head(teacher_hidden), temperature)  # [C, V]
         teacher_logprob = teacher.gather(-1, targets[:, None]).squeeze(-1)
@@ -579,14 +614,16 @@ class _PrefixCache(DynamicCache):
                 "checkpoint_layers with shared prompts needs full-attention layers (no sliding "
                 "window); set share_prompts=False (loss.share_prompts=false) for this model")
         self.config, self.read_only = config, read_only
+        self.index: torch.Tensor | None = None  # read-only: the prompt rows, per response
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         layer = cast(DynamicLayer, self.layers[layer_idx])
         if self.read_only:
-            keys, values = self._states(layer_idx)
-            return (torch.cat([keys, key_states], dim=-2),
-                    torch.cat([values, value_states], dim=-2))
+            keys, values = self._states(layer_idx)  # the prompt pass's, [G, kv, P, d]
+            index = cast(torch.Tensor, self.index)
+            return (torch.cat([keys.index_select(0, index), key_states], dim=-2),
+                    torch.cat([values.index_select(0, index), value_states], dim=-2))
         if layer.get_seq_length() > 0:  # the prompt pass recomputed in the backward
             return key_states, value_states
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -596,13 +633,21 @@ class _PrefixCache(DynamicCache):
         return cast(torch.Tensor, layer.keys), cast(torch.Tensor, layer.values)
 
     def selected(self, index: torch.Tensor) -> _PrefixCache:
-        """A read-only cache of rows ``index`` ``[M]`` of this one (graph kept)."""
+        """A read-only cache of rows ``index`` ``[M]`` of this one (graph kept).
+
+        The rows are selected inside each layer's ``update``, not here: an ``index_select``
+        made before the response pass would sit in autograd's ready queue (ordered by creation)
+        until the whole response pass's backward is done, holding each layer's ``[M, kv, P,
+        d]`` key and value gradients (and the larger buffers they are views of) meanwhile,
+        about 15 MB a layer on a 2,000-token tool-math micro-batch; selected within the
+        layer, its backward runs with the layer's and only ``[G, kv, P, d]`` waits for the
+        prompt pass."""
         out = _PrefixCache(self.config, read_only=True)
+        out.index = index
         for layer_idx, mine in enumerate(out.layers):
             keys, values = self._states(layer_idx)
             mine.lazy_initialization(keys, values)
-            cast(DynamicLayer, mine).keys = keys.index_select(0, index)
-            cast(DynamicLayer, mine).values = values.index_select(0, index)
+            cast(DynamicLayer, mine).keys, cast(DynamicLayer, mine).values = keys, values
         return out
 
 

@@ -26,11 +26,14 @@ and sandbox, :mod:`gear_rl.train.runtime`.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import random
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,6 +68,7 @@ from gear_rl.train.records import (
 from gear_rl.train.runtime import (
     build_runtime,
     evaluate_model,
+    heap_trims,
     memory_metrics,
     open_run,
     release_free_memory,
@@ -392,6 +396,11 @@ class Trainer:
                   "clipped": 0.0, "approx_kl": 0.0, "tokens": 0.0, "grad_norm": 0.0}
         ratio_max, updates, credit_seconds = 1.0, 0, 0.0
         inline = advantages is None
+        layers = getattr(self.model.base_model, "layers", None)
+        # without heap reuse: hand free pages back every few layers, forward and backward
+        trims: Callable[[], contextlib.AbstractContextManager] = (
+            functools.partial(heap_trims, layers)
+            if not self.runtime.heap_reuse and layers is not None else contextlib.nullcontext)
         shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
         for _ in range(config.epochs):
             order = torch.randperm(rows, generator=shuffle).tolist()
@@ -407,7 +416,8 @@ class Trainer:
                 num_selected = None if None in counts else float(sum(cast(list[float], counts)))
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in micros:
-                    forward = self._forward(batch, micro, teacher=fused == "inline")
+                    with trims():
+                        forward = self._forward(batch, micro, teacher=fused == "inline")
                     if fused is not None:
                         self._fill_scores(scores, micro, forward)
                     if inline:  # the credit of this micro-batch's rows, now that their
@@ -521,7 +531,8 @@ class Trainer:
     def _forward(self, batch: StepBatch, rows: list[int], *, teacher: bool = False
                  ) -> dict[str, torch.Tensor]:
         """The update's forward over the micro-batch ``rows``, with gradients through the
-        student: ``logprobs``, ``entropy`` (``[M, T_m]``), and, for self-distillation or when
+        student's log-probs: ``logprobs``, ``entropy`` (``[M, T_m]``; no loss term
+        differentiates it, so it is computed without gradients), and, for self-distillation or when
         ``teacher`` (the inline credit needs them), the teacher pass's ``divergence`` and
         ``teacher_logprobs``."""
         config, signals = self.config, self.config.signals
@@ -542,10 +553,12 @@ class Trainer:
                                     estimator=cast(DivergenceEstimator, signals.divergence),
                                     topk=signals.topk, student_requires_grad=True,
                                     divergence_requires_grad=self.distill,
+                                    entropy_requires_grad=False,
                                     checkpoint_layers=self.checkpoint_layers, **common)
                 return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
                         "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs}
             own = response_logprobs(model, prompts, responses, requires_grad=True,
+                                    entropy_requires_grad=False,
                                     checkpoint_layers=self.checkpoint_layers, **common)
         return {"logprobs": own.logprobs, "entropy": own.entropy}
 
