@@ -1,7 +1,7 @@
 """Peak memory and time of the trainer's update with and without layer checkpointing (issue 15).
 
     python benchmarks/update_memory.py [--task tool-math] [--estimator gear] [--threads 2]
-        [key=value ...]
+        [--compare checkpoint|trims] [--rounds 1] [key=value ...]
 
 One rollout of ``gear-rl train task=TASK`` with the task's documented settings (tool-math: 4 x 8
 at ``rollout.temperature=0.7``, the benchmarks' ``TASK_SETTINGS``) is sampled once in a
@@ -18,7 +18,14 @@ one update with ``loss.checkpoint_layers=false`` and ``=true``. Each worker repo
 - ``second_update_peak_gb``: the same for a second update right after (the state of a later
   step: the optimiser's moments, created by the first step, are live throughout; the heap's
   free pages are handed back before it, as the trainer does between phases);
-- ``update_cpu_s``: CPU seconds of the (first) update (this process; both threads).
+- ``update_cpu_s``: CPU seconds of the (first) update (this process; both threads);
+  ``second_update_cpu_s`` the same for the second.
+
+``--compare trims`` compares, with the task's own ``loss.checkpoint_layers``, the update
+without and with the heap trims every few decoder layers (``runtime.heap_trims``, what the
+trainer does where ``heap_reuse`` is off); the "off" arm forces ``runtime.heap_reuse`` to True
+after building, which only skips the trims (the heap keeps glibc's default settings). With
+``--rounds N`` each arm runs N times, the order alternating per round, and the medians print.
 
 The learning rate is 1e-12, so the weights stay put. The printed ratios are on / off in the same
 run. glibc keeps freed heap for reuse, so ``after_gb`` (resident after the update) is shown too.
@@ -30,6 +37,7 @@ import argparse
 import json
 import os
 import pickle
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,10 +75,12 @@ def _rollout(overrides: list[str], path: str) -> None:
                       "prompt_tokens": sorted({len(p) for p in batch.prompt_ids})}))
 
 
-def _update(overrides: list[str], path: str) -> None:
+def _update(overrides: list[str], path: str, trims: bool = True) -> None:
     from gear_rl.train.runtime import release_free_memory
 
     trainer = _trainer(overrides)
+    if not trims:
+        trainer.runtime.heap_reuse = True  # skips the update's heap trims, nothing else
     try:
         with open(path, "rb") as file:
             batch = pickle.load(file)
@@ -89,7 +99,9 @@ def _update(overrides: list[str], path: str) -> None:
         release_free_memory()
         reset_peak()
         steady_before = _memory()[1]
+        steady_cpu = time.process_time()
         trainer.update(batch, scores, advantages, 2, fused=fused)
+        steady_cpu = time.process_time() - steady_cpu
         steady_peak = _memory()[0]
         micro = trainer._micro_batches(batch, list(range(len(batch.response_ids))))
         print(json.dumps({
@@ -99,7 +111,8 @@ def _update(overrides: list[str], path: str) -> None:
             "update_cpu_s": round(cpu, 2), "update_wall_s": round(wall, 2),
             "build_and_score_peak_gb": round(build_peak, 3),
             "second_before_gb": round(steady_before, 3),
-            "second_update_peak_gb": round(steady_peak, 3)}))
+            "second_update_peak_gb": round(steady_peak, 3),
+            "second_update_cpu_s": round(steady_cpu, 2)}))
     finally:
         trainer.close()
 
@@ -109,13 +122,21 @@ def main() -> None:
     parser.add_argument("--task", default="tool-math")
     parser.add_argument("--estimator", default="gear")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--worker", choices=["rollout", "update"], help=argparse.SUPPRESS)
+    parser.add_argument("--compare", choices=["checkpoint", "trims"], default="checkpoint")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--worker", choices=["rollout", "update", "update-no-trims"],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--batch", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="key=value, as for gear-rl train")
     args = parser.parse_args()
     if args.worker is not None:
-        (_rollout if args.worker == "rollout" else _update)(args.overrides, args.batch)
+        if args.worker == "rollout":
+            _rollout(args.overrides, args.batch)
+        else:
+            _update(args.overrides, args.batch, trims=args.worker == "update")
         return
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
     with tempfile.TemporaryDirectory(prefix="gear-rl-update-memory-") as scratch:
         batch = os.path.join(scratch, "batch.pkl")
         base = [f"task={args.task}", f"estimator={args.estimator}", f"threads={args.threads}",
@@ -133,16 +154,30 @@ def main() -> None:
 
         shape = worker("rollout", [])
         print(f"rollout: {shape}", flush=True)
-        results = {}
-        for value in ("false", "true"):
-            results[value] = worker("update", [f"loss.checkpoint_layers={value}"])
-            print(f"checkpoint_layers={value}: {results[value]}", flush=True)
+        if args.compare == "checkpoint":
+            arms = {"false": ("update", ["loss.checkpoint_layers=false"]),
+                    "true": ("update", ["loss.checkpoint_layers=true"])}
+        else:
+            arms = {"false": ("update-no-trims", []), "true": ("update", [])}
+        runs: dict[str, list[dict]] = {"false": [], "true": []}
+        for round_ in range(args.rounds):
+            for value in (("false", "true") if round_ % 2 == 0 else ("true", "false")):
+                kind, extra = arms[value]
+                runs[value].append(worker(kind, extra))
+                print(f"{args.compare}={value} (round {round_ + 1}): {runs[value][-1]}",
+                      flush=True)
+    results = {value: {key: (statistics.median(run[key] for run in done)
+                             if isinstance(done[0][key], (int, float))
+                             and not isinstance(done[0][key], bool) else done[0][key])
+                       for key in done[0]}
+               for value, done in runs.items()}
     off, on = results["false"], results["true"]
     print(f"\n{'':24}{'off':>10}{'on':>10}{'on/off':>10}")
     for key in ("update_peak_gb", "after_gb", "second_update_peak_gb", "update_cpu_s",
-                "update_wall_s"):
+                "update_wall_s", "second_update_cpu_s"):
         print(f"{key:24}{off[key]:>10}{on[key]:>10}{on[key] / off[key]:>10.3f}")
-    print(json.dumps({"task": args.task, "estimator": args.estimator, "rollout": shape,
+    print(json.dumps({"task": args.task, "estimator": args.estimator, "compare": args.compare,
+                      "rounds": args.rounds, "rollout": shape,
                       "off": off, "on": on,
                       "peak_ratio": round(on["update_peak_gb"] / off["update_peak_gb"], 3),
                       "second_peak_ratio": round(on["second_update_peak_gb"]
