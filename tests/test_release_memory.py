@@ -133,3 +133,40 @@ def test_heap_trims_every_few_layers_forward_and_backward(monkeypatch) -> None:
         torch.testing.assert_close(p.grad, grad, atol=0, rtol=0)
     model(input_ids=ids).logits.sum().backward()
     assert len(calls) == 6
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_update_frees_the_sampler_copy_without_heap_reuse(tmp_path, monkeypatch, reuse) -> None:
+    """Without heap reuse the bf16 sampler copy holds no weights while the update runs and
+    gets them back after it, equal to the updated policy's cast to bf16 bit for bit; with heap
+    reuse it is kept (and synced) as before."""
+    import torch
+
+    import gear_rl.train.runtime as runtime
+    from conftest import tiny_trainer
+
+    monkeypatch.setattr(runtime, "keep_heap_pages", lambda: True)  # process-wide otherwise
+    trainer = tiny_trainer(tmp_path / "run", f"heap_reuse={str(reuse).lower()}",
+                           "rollout.dtype=bf16")
+    try:
+        assert trainer.sampler is not trainer.model
+        held: list[int] = []
+        forward = trainer._forward
+
+        def spy(*args, **kwargs):
+            held.append(sum(p.numel() for p in trainer.sampler.parameters()))
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(trainer, "_forward", spy)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.step(1)
+        total = sum(p.numel() for p in trainer.model.parameters())
+        assert held and all(n == (total if reuse else 0) for n in held), held
+        assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters(),
+                                                         strict=True))
+        for sampled, trained in zip(trainer.sampler.parameters(), trainer.model.parameters(),
+                                    strict=True):
+            assert sampled.dtype == torch.bfloat16
+            assert torch.equal(sampled, trained.detach().to(torch.bfloat16))
+    finally:
+        trainer.close()

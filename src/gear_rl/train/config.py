@@ -433,7 +433,9 @@ class TrainConfig:
             the trainer still hands free pages back between phases. ``None`` (default): on
             for single-turn tasks (a quarter off the default task's scoring + update time),
             off for agent and environment tasks, whose update is the run's memory peak (on
-            tool-math it added about 0.27 GB to that peak for 3% of the update's time).
+            tool-math it added about 0.27 GB to that peak for 3% of the update's time). Off,
+            the update trims the heap every 5 decoder layers and frees a bf16 sampler copy's
+            weights while it runs (:func:`gear_rl.train.runtime.heap_trims`).
     """
 
     model: str = "smollm2-135m"

@@ -129,15 +129,14 @@ def heap_trims(layers: Sequence[torch.nn.Module], every: int = HEAP_TRIM_LAYERS
     ``every``-th layer, and its backward does the same when it reaches those layers.
 
     Why: where the heap does not keep pages for reuse (``heap_reuse`` off: agent and
-    environment tasks), the update's backward still grew the resident set layer by layer:
-    blocks freed between blocks still live (a layer's gradients waiting for the shared
-    prompt's pass, saved inputs of the layers not yet reached) are never reused whole, and
-    on a tool-math micro-batch of 2,000 tokens the resident set rose by about 25 MB a layer,
-    0.7 GB over the backward, with about 0.35 GB of it live. Trimming every few layers keeps
-    the free part from piling up for a few page faults per layer; doing it every layer, or
-    having glibc unmap every block above 1 MiB at once, bought little more memory for up to
-    half again the update's time (docs/speed.md). A hook on each layer's output; the
-    hooks on the graph's tensors go with the graph."""
+    environment tasks), the update's backward grew the resident set layer by layer, about
+    25 MB a layer on a 2,000-token tool-math micro-batch of SmolLM2-135M: blocks freed between
+    blocks still live (saved inputs of the layers not yet reached, gradients waiting for the
+    shared prompt's pass) are not reused whole. Its peak over its start was 1.38 GB; trimming
+    every 5 layers took it to 0.72 GB, every 2 layers to 0.70, and having glibc unmap every
+    block above 1 MiB at once to 0.55 GB, but at about half again the update's CPU time in
+    page faults (docs/speed.md). A hook on every ``every``-th layer's output; the hooks on
+    the graph's tensors go with the graph."""
     def trim(_grad: torch.Tensor) -> None:
         release_free_memory()
 
@@ -296,7 +295,8 @@ class Runtime:
         task: problems, scorer and, for agents and environments, their specs.
         sandbox: warm Python workers for tool calls (tool tasks only), closed by :meth:`close`.
         heap_reuse: whether :func:`keep_heap_pages` was applied (config ``heap_reuse``);
-            where not, the update trims the heap every few layers (:func:`heap_trims`).
+            where not, the update trims the heap every few layers (:func:`heap_trims`) and
+            frees the sampler copy's weights while it runs (:meth:`release_sampler`).
     """
 
     device: torch.device
@@ -317,13 +317,26 @@ class Runtime:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
 
     def sync_sampler(self) -> None:
-        """Copy the policy's weights into the sampler (after an update or a checkpoint load)."""
+        """Copy the policy's weights into the sampler (after an update or a checkpoint load),
+        allocating them again where :meth:`release_sampler` freed them."""
         if self.sampler is self.model:
             return
         with torch.no_grad():
             for target, source in zip(self.sampler.parameters(), self.model.parameters(),
                                       strict=True):
-                target.copy_(source)
+                if target.shape == source.shape:
+                    target.copy_(source)
+                else:  # released: the same rounding as copy_ into the sampler's dtype
+                    target.data = source.detach().to(target.dtype)
+
+    def release_sampler(self) -> None:
+        """Free the sampler copy's weights until the next :meth:`sync_sampler`: the update
+        neither reads them nor leaves them current (0.27 GB for SmolLM2-135M in bf16). Nothing
+        where the sampler is the policy itself."""
+        if self.sampler is self.model:
+            return
+        for parameter in self.sampler.parameters():
+            parameter.data = torch.empty(0, dtype=parameter.dtype, device=parameter.device)
 
     def close(self) -> None:
         """Stop the sandbox workers, if any."""

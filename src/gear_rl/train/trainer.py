@@ -401,61 +401,66 @@ class Trainer:
         trims: Callable[[], contextlib.AbstractContextManager] = (
             functools.partial(heap_trims, layers)
             if not self.runtime.heap_reuse and layers is not None else contextlib.nullcontext)
-        shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
-        for _ in range(config.epochs):
-            order = torch.randperm(rows, generator=shuffle).tolist()
-            for split in np.array_split(np.array(order), config.minibatches):
-                minibatch: list[int] = sorted(split.tolist())
-                num_tokens = float(scores.mask[minibatch].sum())
-                micros = self._micro_batches(batch, minibatch)
-                # an estimator that selects tokens per micro-batch (update_mask) fixes how many
-                # from the masks alone: the policy loss's token mean divides by their total
-                counts = [self.estimator.update_token_count(scores.mask[micro],
-                                                            self.credit_config)
-                          for micro in micros]
-                num_selected = None if None in counts else float(sum(cast(list[float], counts)))
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro in micros:
-                    with trims():
-                        forward = self._forward(batch, micro, teacher=fused == "inline")
-                    if fused is not None:
-                        self._fill_scores(scores, micro, forward)
-                    if inline:  # the credit of this micro-batch's rows, now that their
-                        # signals are in: a row-local estimator's rows do not read the rows
-                        # still unfilled (zeros), and a single micro-batch fills every row
-                        mark = time.perf_counter()
-                        credit = self.credit(batch, scores, step)
-                        if advantages is None:
-                            advantages = credit
-                        else:
-                            advantages[micro] = credit[micro]
-                        credit_seconds += time.perf_counter() - mark
-                    # set above when inline, given otherwise
-                    parts, stats = self._micro_loss(scores, cast(torch.Tensor, advantages),
-                                                    micro, forward,
-                                                    len(minibatch), num_tokens, num_selected,
-                                                    fused=fused is not None)
-                    self._check_finite(step, "the loss", parts["loss"])
-                    parts["loss"].backward()
-                    for name, value in parts.items():
-                        totals[name] += float(value.detach())
-                    if stats is not None:
-                        totals["clipped"] += stats.clipped
-                        totals["approx_kl"] += stats.approx_kl
-                        totals["tokens"] += stats.tokens
-                        ratio_max = max(ratio_max, stats.ratio_max)
-                clip = self.config.optim.grad_clip
-                params = [p for p in self.model.parameters() if p.grad is not None]
-                norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
-                self._check_finite(step, "the gradient norm", norm)
-                totals["grad_norm"] += float(norm)
-                self.optimizer.step()
-                self._check_weights(step)
-                updates += 1
-        # the gradients are not read again before the next update's zero_grad: free them now,
-        # so that the rollout, evaluation and checkpoint do not hold a model's worth of memory
-        self.optimizer.zero_grad(set_to_none=True)
-        self.runtime.sync_sampler()
+        if not self.runtime.heap_reuse:  # memory first: the sampler's stale copy goes
+            self.runtime.release_sampler()
+        try:
+            shuffle = torch.Generator().manual_seed(_derived_seed(self.config.seed, 2, step))
+            for _ in range(config.epochs):
+                order = torch.randperm(rows, generator=shuffle).tolist()
+                for split in np.array_split(np.array(order), config.minibatches):
+                    minibatch: list[int] = sorted(split.tolist())
+                    num_tokens = float(scores.mask[minibatch].sum())
+                    micros = self._micro_batches(batch, minibatch)
+                    # an estimator that selects tokens per micro-batch (update_mask) fixes how many
+                    # from the masks alone: the policy loss's token mean divides by their total
+                    counts = [self.estimator.update_token_count(scores.mask[micro],
+                                                                self.credit_config)
+                              for micro in micros]
+                    num_selected = None if None in counts else float(sum(cast(list[float], counts)))
+                    self.optimizer.zero_grad(set_to_none=True)
+                    for micro in micros:
+                        with trims():
+                            forward = self._forward(batch, micro, teacher=fused == "inline")
+                        if fused is not None:
+                            self._fill_scores(scores, micro, forward)
+                        if inline:  # the credit of this micro-batch's rows, now that their
+                            # signals are in: a row-local estimator's rows do not read the rows
+                            # still unfilled (zeros), and a single micro-batch fills every row
+                            mark = time.perf_counter()
+                            credit = self.credit(batch, scores, step)
+                            if advantages is None:
+                                advantages = credit
+                            else:
+                                advantages[micro] = credit[micro]
+                            credit_seconds += time.perf_counter() - mark
+                        # set above when inline, given otherwise
+                        parts, stats = self._micro_loss(scores, cast(torch.Tensor, advantages),
+                                                        micro, forward,
+                                                        len(minibatch), num_tokens, num_selected,
+                                                        fused=fused is not None)
+                        self._check_finite(step, "the loss", parts["loss"])
+                        parts["loss"].backward()
+                        for name, value in parts.items():
+                            totals[name] += float(value.detach())
+                        if stats is not None:
+                            totals["clipped"] += stats.clipped
+                            totals["approx_kl"] += stats.approx_kl
+                            totals["tokens"] += stats.tokens
+                            ratio_max = max(ratio_max, stats.ratio_max)
+                    clip = self.config.optim.grad_clip
+                    params = [p for p in self.model.parameters() if p.grad is not None]
+                    norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+                    self._check_finite(step, "the gradient norm", norm)
+                    totals["grad_norm"] += float(norm)
+                    self.optimizer.step()
+                    self._check_weights(step)
+                    updates += 1
+        finally:
+            # the gradients are not read again before the next update's zero_grad: free them
+            # now, so that the rollout, evaluation and checkpoint do not hold a model's worth
+            # of memory
+            self.optimizer.zero_grad(set_to_none=True)
+            self.runtime.sync_sampler()
         tokens = max(totals.pop("tokens"), 1.0)
         out = {name: value / updates for name, value in totals.items()
                if name not in ("clipped", "approx_kl")}
