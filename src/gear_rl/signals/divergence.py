@@ -639,7 +639,7 @@ class _PrefixCache(DynamicCache):
         made before the response pass would sit in autograd's ready queue (ordered by creation)
         until the whole response pass's backward is done, holding each layer's ``[M, kv, P,
         d]`` key and value gradients (and the larger buffers they are views of) meanwhile,
-        about 15 MB a layer on a 2,000-token tool-math micro-batch; selected within the
+        about 5 MB a layer on a 2,000-token tool-math micro-batch; selected within the
         layer, its backward runs with the layer's and only ``[G, kv, P, d]`` waits for the
         prompt pass."""
         out = _PrefixCache(self.config, read_only=True)
