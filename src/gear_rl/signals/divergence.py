@@ -271,10 +271,8 @@ def token_signals(
     elif topk is not None:
         raise ValueError(f"topk is only used with estimator='topk', got topk={topk!r}")
     chunk_size = _check_chunk_size(chunk_size, head)
-    divergence_grad = (student_requires_grad if divergence_requires_grad is None
-                       else bool(divergence_requires_grad) and student_requires_grad)
-    entropy_grad = (student_requires_grad if entropy_requires_grad is None
-                    else bool(entropy_requires_grad) and student_requires_grad)
+    divergence_grad = _part_grad(divergence_requires_grad, student_requires_grad)
+    entropy_grad = _part_grad(entropy_requires_grad, student_requires_grad)
     share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
     share_student = _share_prompts(share_prompts, students, requires_grad=student_requires_grad)
 
@@ -346,8 +344,7 @@ def response_logprobs(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
                                     checkpoint_layers and requires_grad)
-        entropy_grad = requires_grad if entropy_requires_grad is None else (
-            bool(entropy_requires_grad) and requires_grad)
+        entropy_grad = _part_grad(entropy_requires_grad, requires_grad)
         logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,),
                                      (temperature, entropy_grad), chunk_size, requires_grad)
     return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
@@ -418,21 +415,31 @@ def _chunk_scores(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
 
 
 def _student_side(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
-                  temperature: float, entropy_grad: bool
+                  temperature: float, entropy_grad: bool, probs_grad: bool = False
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The student's ``[C, V]`` log-softmax and probabilities and its ``[C]`` target log-prob
-    and entropy, from hidden states ``[C, H]``. ``entropy_grad=False``: the probabilities and
-    the entropy come after the target log-prob and without gradients, so that in a
-    checkpointed chunk the target log-prob is the last value the backward's recomputation
-    needs (non-reentrant checkpointing stops there) and no graph is built for an entropy
-    whose gradient nobody reads (its saved ``[C, V]`` tensors would live, unread, until the
-    backward ends)."""
+    and entropy, from hidden states ``[C, H]``. The probabilities and the entropy come after
+    the target log-prob, each with gradients only where asked (``probs_grad``, for the
+    divergence; ``entropy_grad``, which implies the probabilities'), so that in a checkpointed
+    chunk the target log-prob can be the last value the backward's recomputation needs
+    (non-reentrant checkpointing stops there) and no graph is built for an entropy whose
+    gradient nobody reads (its saved ``[C, V]`` tensors would live, unread, until the backward
+    ends)."""
     logprobs = _log_softmax(head(hidden), temperature)  # [C, V]
     logprob = logprobs.gather(-1, targets[:, None]).squeeze(-1)
-    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+    with contextlib.nullcontext() if entropy_grad or probs_grad else torch.no_grad():
         probs = logprobs.exp()
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
         entropy = -_rowwise_dot(probs, logprobs)
     return logprobs, logprob, probs, entropy
+
+
+def _part_grad(part_requires_grad: bool | None, requires_grad: bool) -> bool:
+    """Whether an output part (divergence, entropy) carries gradients: ``None`` follows the
+    pass's ``requires_grad``; otherwise the part's flag, and never without the pass's."""
+    if part_requires_grad is None:
+        return requires_grad
+    return bool(part_requires_grad) and requires_grad
 
 
 def _chunk_signals(
@@ -455,9 +462,7 @@ def _chunk_signals(
     the same for the entropy (:func:`_student_side`).
     """
     student, student_logprob, student_probs, entropy = _student_side(
-        head, student_hidden, targets, temperature, entropy_grad)
-    if divergence_grad and not entropy_grad:
-        student_probs = student.exp()  # the divergence's gradient goes through them
+        head, student_hidden, targets, temperature, entropy_grad, probs_grad=divergence_grad)
     with torch.no_grad():
         teacher = _log_softmax(head(teacher_hidden), temperature)  # [C, V]
         teacher_logprob = teacher.gather(-1, targets[:, None]).squeeze(-1)
