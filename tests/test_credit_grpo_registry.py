@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -153,6 +154,29 @@ def test_row_local_estimators_read_no_other_rows_signals(name: str) -> None:
                            get_estimator("top_entropy")(synthetic_batch())[0])
 
 
+@pytest.mark.parametrize("name", [n for n, e in ESTIMATORS.items() if e.outcome_scaled])
+def test_outcome_scaled_estimators_give_zero_where_the_outcome_is_zero(name: str) -> None:
+    """What ``outcome_scaled`` promises the trainer's teacher skip (signals.teacher_rows): a
+    row with a zero outcome advantage gets 0 on every token, whatever its signals, and the
+    other rows do not notice what those rows' signals were (zeros, as the trainer leaves
+    them, or anything else)."""
+    batch = synthetic_batch()
+    batch.rewards[4:] = 1.0  # the second group is constant: outcome advantage 0
+    estimator = get_estimator(name)
+    want = estimator(batch)
+    generator = torch.Generator().manual_seed(2)
+    for fill in ("zeros", "random"):
+        other = synthetic_batch()
+        other.rewards[4:] = 1.0
+        for field in ("divergence", "entropy", "student_logprobs", "teacher_logprobs"):
+            values = getattr(other, field)
+            values[4:] = (0.0 if fill == "zeros"
+                          else torch.randn(values[4:].shape, generator=generator) * 5)
+        got = estimator(other)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (want[4:] == 0).all() and (want[:4] != 0).any()
+
+
 def test_declarations_say_what_each_estimator_is() -> None:
     gear_family = {"gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
                    "gear_entropy_window", "gear_signed", "gear_steps"}
@@ -166,6 +190,9 @@ def test_declarations_say_what_each_estimator_is() -> None:
     assert {n for n, e in ESTIMATORS.items() if e.update_mask is not None} == {"top_entropy"}
     assert {n for n, e in ESTIMATORS.items() if e.row_local} == (
         gear_family - {"gear_steps"}) | {"rlsd"}
+    # the trainer may skip the teacher on zero-advantage rows of these (signals.teacher_rows)
+    assert {n for n, e in ESTIMATORS.items() if e.outcome_scaled} == (
+        gear_family - {"gear_steps"}) | {"rlsd"}
     for name, estimator in ESTIMATORS.items():
         assert estimator.description and estimator.paper, name
         assert estimator.fn.__module__.startswith("gear_rl.credit."), name
@@ -178,9 +205,12 @@ def test_register_twice_raises_and_bad_declarations_raise() -> None:
         register_estimator("x_bad_needs", config=GEARConfig, needs=("logits",))
     with pytest.raises(ValueError, match="fixed names field"):
         register_estimator("x_bad_fixed", config=OutcomeConfig, fixed={"alpha": 1.0})
+    with pytest.raises(ValueError, match="outcome_scaled needs a config"):
+        register_estimator("x_bad_scaled", config=dataclasses.make_dataclass("C", []),
+                           outcome_scaled=True)
     with pytest.raises(ValueError, match=r"unknown estimator 'nope'.*plugins"):
         get_estimator("nope")
-    assert "x_bad_needs" not in ESTIMATORS and "x_bad_fixed" not in ESTIMATORS
+    assert not {"x_bad_needs", "x_bad_fixed", "x_bad_scaled"} & set(ESTIMATORS)
 
 
 def test_plugin_module_registers_on_import(tmp_path, monkeypatch) -> None:

@@ -139,3 +139,107 @@ def test_fused_scores_equal_the_scoring_pass(tmp_path, budget) -> None:
     finally:
         fused.close()
         plain.close()
+
+
+def _half_constant_task():
+    """Two problems, both in every step (rollout.prompts_per_step=2): ``fixed``'s reward is
+    always 1 (a constant group: outcome advantage 0), ``parity``'s is the toy task's (mixed)."""
+    from gear_rl.tasks import Problem, Task
+
+    problems = [Problem(id=name, prompt=[{"role": "user", "content": f"say {name}"}],
+                        answer="even", reference="an even number of letters")
+                for name in ("fixed", "parity")]
+
+    def scorer(problem, text: str) -> float:
+        return 1.0 if problem.id == "fixed" else float(sum(c.islower() for c in text) % 2 == 0)
+
+    return Task(name="half", train=problems, eval=problems, scorer=scorer,
+                extract=lambda text: text[:8])
+
+
+def _backbone_tokens(trainer) -> list[int]:
+    """Token positions each backbone call of ``trainer``'s model will run (a forward hook)."""
+    seen: list[int] = []
+    trainer.model.base_model.register_forward_hook(
+        lambda module, args, kwargs, out: seen.append(int(kwargs["input_ids"].numel())),
+        with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize(("estimator", "overrides"), [
+    ("gear", ()),                                            # fused, one micro-batch
+    ("gear", ("loss.micro_batch_tokens=40",)),               # fused, several
+    ("gear", ("loss.fuse_scoring=false",)),                  # the no-grad scoring pass
+    ("rlsd", ("loss.kl_coef=0.1",)),
+])
+def test_skipping_the_teacher_on_zero_advantage_rows_keeps_the_update(tmp_path, estimator,
+                                                                      overrides) -> None:
+    """signals.teacher_rows=nonzero_advantage (the default) runs the teacher on the mixed
+    group only, and trains on the gradients of the teacher on every row (``all``)."""
+    extra = (f"estimator={estimator}", "loss.micro_batch_size=8", "log.samples_per_step=8",
+             *overrides)
+    runs = {}
+    for rows in ("all", "nonzero_advantage"):
+        trainer = tiny_trainer(tmp_path / rows, "seed=0", "precision=fp32",
+                               "rollout.dtype=fp32", "rollout.max_new_tokens=12",
+                               f"signals.teacher_rows={rows}", *extra,
+                               task=_half_constant_task())
+        grads: list[torch.Tensor] = []
+        step = trainer.optimizer.step
+
+        def spy_step(*args, trainer=trainer, grads=grads, step=step, **kwargs):
+            grads.extend(p.grad.detach().clone() for p in trainer.model.parameters())
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = spy_step
+        tokens = _backbone_tokens(trainer)
+        try:
+            record, out = trainer.step(1)
+            samples = trainer.samples(out, 1)
+        finally:
+            trainer.close()
+        runs[rows] = (grads, sum(tokens), record, out, samples)
+    (want, all_tokens, want_record, every, _), (got, tokens, record, skip, samples) = (
+        runs["all"], runs["nonzero_advantage"])
+    fixed = torch.tensor([p.id == "fixed" for p in every.batch.problems])
+    rewards = every.batch.rewards
+    assert bool(fixed.any()) and float(rewards[~fixed].max()) > float(rewards[~fixed].min())
+    assert every.scores.teacher_rows is None
+    assert torch.equal(skip.scores.teacher_rows, ~fixed)
+    # the skipped rows have no teacher signals; the teacher's rows have the same ones
+    assert (skip.scores.divergence[fixed] == 0).all()
+    assert (every.scores.divergence[fixed] != 0).any()
+    for field in ("divergence", "teacher_logprobs", "old_logprobs", "entropy"):
+        torch.testing.assert_close(getattr(skip.scores, field)[~fixed],
+                                   getattr(every.scores, field)[~fixed], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(skip.advantages, every.advantages, atol=1e-6, rtol=1e-5)
+    assert (skip.advantages[fixed] == 0).all()
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+    assert any(float(w.abs().max()) > 1e-3 for w in want)
+    # the backbone ran fewer tokens: the constant group's teacher prompts and responses
+    assert tokens < all_tokens
+    # the divergence numbers cover the teacher's rows only
+    taught = (every.scores.mask > 0) & ~fixed[:, None]
+    assert record["divergence_mean"] == pytest.approx(
+        float(every.scores.divergence.double()[taught].mean()), rel=1e-5)
+    assert record["loss"] == pytest.approx(want_record["loss"], rel=1e-4, abs=1e-6)
+    for sample in samples:
+        skipped = sample["problem_id"] == "fixed"
+        assert (sample["divergence"] is None) == skipped
+        assert (sample["teacher_logprobs"] is None) == skipped
+        if estimator == "gear":
+            assert (sample["segment_onset"] is None) == skipped
+
+
+def test_the_teacher_runs_on_every_row_where_its_signals_reach_the_loss(tmp_path) -> None:
+    """Self-distillation reads the teacher on every row, and a GRPO-type credit never skips
+    because its outcome is not all it reads: teacher_rows is None there."""
+    for overrides in (("estimator=opsd",), ("estimator=grpo", "loss.opsd_coef=0.5"),
+                      ("estimator=gear", "signals.teacher_rows=all")):
+        trainer = tiny_trainer(tmp_path / "_".join(overrides), *overrides,
+                               task=_half_constant_task())
+        try:
+            assert trainer._teacher_rows(trainer.rollout(1)) is None
+        finally:
+            trainer.close()

@@ -13,6 +13,9 @@ segments (docs/design.md, "GEAR"). These are computed here once:
 - ``segment_frac``: fraction of policy tokens inside a segment; ``segments_per_response``:
   segment onsets per trajectory (estimators that declare ``segments``).
 
+Where the teacher pass ran on some rows only (the trainer's ``signals.teacher_rows``), the last
+three cover those rows.
+
 The trainer logs the names as they are; TRL and verl log them under ``gear/``.
 """
 
@@ -48,7 +51,8 @@ def token_weights(outcome: torch.Tensor, advantages: torch.Tensor, mask: torch.T
 
 def credit_diagnostics(estimator: Estimator, config: Any, batch: CreditBatch,
                        advantages: torch.Tensor,
-                       outcome: torch.Tensor | None = None) -> dict[str, float]:
+                       outcome: torch.Tensor | None = None,
+                       teacher_rows: torch.Tensor | None = None) -> dict[str, float]:
     """The health numbers of ``advantages`` (``[B, T]``, what ``estimator(batch, config)``
     returned) on ``batch``.
 
@@ -60,6 +64,8 @@ def credit_diagnostics(estimator: Estimator, config: Any, batch: CreditBatch,
         outcome: ``[B]`` trajectory advantages the weights are relative to (``None``: GRPO's
             with the config's ``norm_by_std``/``eps``, or GRPO's defaults when the config has
             none). TRL passes its own group-normalised advantages here.
+        teacher_rows: ``[B]`` bool, the rows whose divergence the teacher computed (None:
+            every row); the divergence and segment numbers cover those rows only.
 
     Returns:
         A dict with the names of :data:`DIAGNOSTIC_NAMES` that apply to this batch.
@@ -77,14 +83,18 @@ def credit_diagnostics(estimator: Estimator, config: Any, batch: CreditBatch,
             rows = (outcome * sign > 0)[:, None] & on
             if bool(rows.any()):
                 out[name] = float(weights[rows].mean())
-    if batch.divergence is not None:
-        out["divergence_mean"] = float(batch.divergence.double()[on].sum() / tokens)
-    if estimator.segments and batch.divergence is not None and batch.entropy is not None:
+    if batch.divergence is None or (teacher_rows is not None and not bool(teacher_rows.any())):
+        return out
+    taught = on if teacher_rows is None else on & teacher_rows.to(on.device)[:, None]
+    taught_tokens = taught.sum().clamp(min=1)
+    out["divergence_mean"] = float(batch.divergence.double()[taught].sum() / taught_tokens)
+    if estimator.segments and batch.entropy is not None:
         onsets = gear_segments(batch.divergence, batch.entropy, batch.mask, config)
-        inside = (onsets >= 0) & on
-        out["segment_frac"] = float(inside.sum() / tokens)
+        inside = (onsets >= 0) & taught
+        out["segment_frac"] = float(inside.sum() / taught_tokens)
         starts = onsets == torch.arange(onsets.shape[1], device=onsets.device)
-        out["segments_per_response"] = float((starts & on).sum() / max(1, on.shape[0]))
+        responses = on.shape[0] if teacher_rows is None else int(teacher_rows.sum())
+        out["segments_per_response"] = float((starts & taught).sum() / max(1, responses))
     return out
 
 

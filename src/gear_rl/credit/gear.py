@@ -291,27 +291,27 @@ _DIVERGENCE = {"score": "divergence"}
 
 
 @register_estimator("gear", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, paper=_PAPER,
+                    row_local=True, outcome_scaled=True, paper=_PAPER,
                     fixed=_DIVERGENCE,
                     description="GEAR: divergence/entropy segments, sign-aware weights")
 @register_estimator("gear_token_kl", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True,
+                    row_local=True, outcome_scaled=True,
                     fixed={**_DIVERGENCE, "segmentation": "none"}, paper=_PAPER,
                     description="GEAR ablation: token-level KL weights, no segments")
 @register_estimator("gear_kl_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True,
+                    row_local=True, outcome_scaled=True,
                     fixed={**_DIVERGENCE, "segmentation": "kl_only"}, paper=_PAPER,
                     description="GEAR ablation: segments from KL spikes only")
 @register_estimator("gear_entropy_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True,
+                    row_local=True, outcome_scaled=True,
                     fixed={**_DIVERGENCE, "segmentation": "entropy_only"}, paper=_PAPER,
                     description="GEAR ablation: onsets from entropy spikes")
 @register_estimator("gear_entropy_window", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True,
+                    row_local=True, outcome_scaled=True,
                     fixed={**_DIVERGENCE, "segmentation": "entropy_window"}, paper=_PAPER,
                     description="GEAR ablation: termination by a trailing mean-entropy window")
 @register_estimator("gear_signed", config=GEARConfig, needs=_SIGNED_NEEDS, segments=True,
-                    row_local=True,
+                    row_local=True, outcome_scaled=True,
                     fixed={"score": "log_ratio"}, paper=f"{_PAPER} + arXiv 2604.03128",
                     description="GEAR segments carrying the teacher log-ratio of their onset")
 def gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:

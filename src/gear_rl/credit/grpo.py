@@ -12,6 +12,7 @@ sample has no baseline, so it carries no learning signal (docs/design.md, step 1
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -65,7 +66,18 @@ def grpo_advantages(
     return out.to(rewards.dtype)
 
 
-def outcome_advantages(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
+class Outcomes(Protocol):
+    """What :func:`outcome_advantages` reads: a :class:`CreditBatch`, or the trainer's batch
+    before any signal exists."""
+
+    @property
+    def rewards(self) -> torch.Tensor: ...
+
+    @property
+    def group_ids(self) -> Sequence[Hashable] | torch.Tensor: ...
+
+
+def outcome_advantages(batch: Outcomes, config: OutcomeConfig) -> torch.Tensor:
     """``[B]`` trajectory advantages of ``batch`` with ``config``'s ``norm_by_std`` and ``eps``:
     the scalar every token-level method in this package starts from."""
     return grpo_advantages(batch.rewards, batch.group_ids, norm_by_std=config.norm_by_std,

@@ -95,6 +95,12 @@ class Estimator:
             then compute the credit one micro-batch at a time, between each micro-batch's
             forward and its backward (``loss.fuse_scoring``), instead of in a separate scoring
             pass over the whole batch.
+        outcome_scaled: a row whose outcome advantage (``outcome_advantages(batch, config)``)
+            is 0 gets advantage 0 on every token, whatever its signals (GEAR and its ablations,
+            RLSD: ``Ahat = W * A``): the trainer then runs the teacher pass only on the rows
+            with a non-zero outcome advantage (``signals.teacher_rows``), since the teacher's
+            signals of the other rows cannot change the loss. Implies ``row_local``'s
+            independence of those rows; checked by the estimator tests.
         paper: the method's paper (for tables and ``--help``).
         description: one line.
     """
@@ -112,6 +118,7 @@ class Estimator:
     self_distillation: bool = False
     update_mask: UpdateMaskFn | None = None
     row_local: bool = False
+    outcome_scaled: bool = False
     paper: str = ""
     description: str = ""
 
@@ -221,6 +228,7 @@ def register_estimator(
     self_distillation: bool = False,
     update_mask: UpdateMaskFn | None = None,
     row_local: bool = False,
+    outcome_scaled: bool = False,
     paper: str = "",
     description: str = "",
 ) -> Callable[[F], F]:
@@ -238,6 +246,9 @@ def register_estimator(
         raise ValueError(f"estimator {name!r}: unknown needs {unknown}; valid: {SIGNAL_FIELDS}")
     if not dataclasses.is_dataclass(config) or not isinstance(config, type):
         raise ValueError(f"estimator {name!r}: config must be a dataclass type, got {config!r}")
+    if outcome_scaled and not (hasattr(config, "norm_by_std") and hasattr(config, "eps")):
+        raise ValueError(f"estimator {name!r}: outcome_scaled needs a config with the outcome "
+                         "advantage's norm_by_std and eps (a subclass of OutcomeConfig)")
     pinned = dict(fixed or {})
     missing = sorted(set(pinned) - {f.name for f in dataclasses.fields(config)})
     if missing:
@@ -254,7 +265,8 @@ def register_estimator(
             step_level=step_level or step_fn is not None, step_fn=step_fn,
             needs_states=needs_states, uses_reward=uses_reward,
             self_distillation=self_distillation, update_mask=update_mask,
-            row_local=row_local, paper=paper, description=description)
+            row_local=row_local, outcome_scaled=outcome_scaled, paper=paper,
+            description=description)
         return fn
 
     return decorator

@@ -229,7 +229,7 @@ def top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
 
 
 @register_estimator("rlsd", config=RLSDConfig, needs=("student_logprobs", "teacher_logprobs"),
-                    row_local=True, paper="arXiv 2604.03128",
+                    row_local=True, outcome_scaled=True, paper="arXiv 2604.03128",
                     description="RLSD: clipped teacher/student ratio token weights")
 def rlsd(batch: CreditBatch, config: RLSDConfig) -> torch.Tensor:
     """:func:`rlsd_advantages` on ``batch``'s GRPO advantage, with ``lam`` at ``batch.step``

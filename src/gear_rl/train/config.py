@@ -30,6 +30,7 @@ from gear_rl.train.loss import KL_TYPES, LOSS_AGG_MODES
 __all__ = [
     "LOSS_AGG_MODES",
     "PRECISIONS",
+    "TEACHER_ROWS",
     "AgentConfig",
     "EvalConfig",
     "LogConfig",
@@ -50,6 +51,8 @@ __all__ = [
 
 # Compute / weight precisions of ``precision`` and ``rollout.dtype``.
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
+# ``signals.teacher_rows``: the rows the teacher pass runs on.
+TEACHER_ROWS: tuple[str, ...] = ("nonzero_advantage", "all")
 
 
 def _nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
@@ -260,6 +263,16 @@ class SignalConfig:
             a CPU this pass is GEAR's whole overhead), so a one-line hint costs fewer
             teacher-prompt tokens: ``signals.answer_template="\\n\\n(The correct answer is
             {reference}.)"``. ``null`` also means the library default.
+        teacher_rows: which rows the teacher pass runs on. ``nonzero_advantage`` (default):
+            for an estimator whose advantage is zero wherever the outcome advantage is
+            (``Estimator.outcome_scaled``: GEAR and its ablations, RLSD) and without a
+            self-distillation loss, only the rows with a non-zero outcome advantage: the rows
+            of a group whose rewards are all equal get zero advantage whatever the teacher
+            says, so the loss and the update are those of ``all`` (up to float rounding of the
+            student forward, which then runs those rows in a batch of their own). Their
+            divergence and teacher log-probs are left at 0, and the divergence and segment
+            metrics and ``samples.jsonl``'s teacher fields cover the teacher's rows only.
+            ``all``: every row, as before (a study of the signals on every trajectory).
     """
 
     divergence: str = "full"
@@ -268,6 +281,7 @@ class SignalConfig:
     batch_size: int = 32
     placement: str = TeacherPromptConfig().placement
     answer_template: str | None = TeacherPromptConfig().answer_template
+    teacher_rows: str = "nonzero_advantage"
 
     def validate(self, name: str = "signals") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
@@ -276,6 +290,7 @@ class SignalConfig:
         _at_least(prefix, self, 1, "topk", "chunk_size", "batch_size")
         _one_of(prefix + "divergence", self.divergence, DIVERGENCES)
         _one_of(prefix + "placement", self.placement, PLACEMENTS)
+        _one_of(prefix + "teacher_rows", self.teacher_rows, TEACHER_ROWS)
         if self.divergence == "topk" and self.topk is None:
             raise ValueError(f"{prefix}topk must be set for {prefix}divergence=topk")
         if self.answer_template is not None and "{reference}" not in self.answer_template:

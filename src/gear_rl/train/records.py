@@ -61,6 +61,8 @@ class Scores:
         old_logprobs: ``log pi_old(a_t | s_t)`` (PPO's ratio denominator). ``entropy``: nats.
         divergence, teacher_logprobs: teacher signals (None when the estimator needs none).
         ref_logprobs: the initial policy's log-probs (None without a KL penalty).
+        teacher_rows: ``[B]`` bool, the rows the teacher pass ran on (``signals.teacher_rows``;
+            None: every row). The other rows' divergence and teacher log-probs are 0.
     """
 
     mask: torch.Tensor
@@ -69,6 +71,7 @@ class Scores:
     divergence: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    teacher_rows: torch.Tensor | None = None
 
     def credit_batch(self, batch: StepBatch) -> CreditBatch:
         """The estimator's input for ``batch``."""
@@ -101,7 +104,7 @@ def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
         out["ref_kl"] = float(((scores.old_logprobs - scores.ref_logprobs) * mask).sum()
                               / tokens)
     out.update(credit_diagnostics(estimator, credit_config, scores.credit_batch(batch),
-                                  advantages))
+                                  advantages, teacher_rows=scores.teacher_rows))
     out.update(batch.rollout_metrics or {})
     return out
 
@@ -152,14 +155,16 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
             return (None if tensor is None
                     else [round(float(v), 5) for v in tensor[row, :length]])
 
+        # a row the teacher skipped (signals.teacher_rows) has no teacher signals to show
+        taught = scores.teacher_rows is None or bool(scores.teacher_rows[row])
         record["mask"] = [int(v) for v in scores.mask[row, :length]]
         record["entropy"] = values(scores.entropy)
-        record["divergence"] = values(scores.divergence)
+        record["divergence"] = values(scores.divergence if taught else None)
         record["student_logprobs"] = values(scores.old_logprobs)
-        record["teacher_logprobs"] = values(scores.teacher_logprobs)
+        record["teacher_logprobs"] = values(scores.teacher_logprobs if taught else None)
         record["token_advantage"] = values(advantages)
         record["weight"] = values(weights)
-        record["segment_onset"] = (None if segments is None
+        record["segment_onset"] = (None if segments is None or not taught
                                    else [int(v) for v in segments[row, :length]])
         out.append(record)
     return out

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from gear_rl.credit import get_estimator
+from gear_rl.credit import get_estimator, outcome_advantages
 from gear_rl.signals import (
     TeacherPromptConfig,
     backbone_tokens,
@@ -307,6 +307,7 @@ class Trainer:
         the credit needs them before the update."""
         size, config = self.config.signals.batch_size, self.config
         length = max(len(r) for r in batch.response_ids)
+        teacher_rows = self._teacher_rows(batch)
         parts: dict[str, list[torch.Tensor]] = {}
         for start in range(0, len(batch.response_ids), size):
             rows = list(range(start, min(start + size, len(batch.response_ids))))
@@ -317,7 +318,6 @@ class Trainer:
                                       "response_mask": self._masks(batch, rows)}
             # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
             model = cast(PreTrainedModel, self.model)
-            divergence = cast(DivergenceEstimator, config.signals.divergence)
             fields: dict[str, torch.Tensor] = {}
             with self.runtime.autocast_context():
                 if not student:
@@ -327,12 +327,10 @@ class Trainer:
                             model, [batch.teacher_ids[i] for i in rows], responses,
                             **common).logprobs
                 elif self.needs_teacher:
-                    sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
-                                        responses, estimator=divergence,
-                                        topk=config.signals.topk, **common)
-                    fields = {"old_logprobs": sig.student_logprobs, "entropy": sig.entropy,
-                              "divergence": sig.divergence,
-                              "teacher_logprobs": sig.teacher_logprobs, "mask": sig.mask}
+                    sig = self._signals(batch, rows, teacher_rows, requires_grad=False)
+                    fields = {"old_logprobs": sig["logprobs"], "entropy": sig["entropy"],
+                              "divergence": sig["divergence"],
+                              "teacher_logprobs": sig["teacher_logprobs"], "mask": sig["mask"]}
                 else:
                     own = response_logprobs(model, prompts, responses, **common)
                     fields = {"old_logprobs": own.logprobs, "entropy": own.entropy,
@@ -347,7 +345,73 @@ class Trainer:
         if not student:  # filled by the update's forward
             tensors["old_logprobs"] = torch.zeros_like(tensors["mask"])
             tensors["entropy"] = torch.zeros_like(tensors["mask"])
-        return Scores(**tensors)
+        return Scores(**tensors, teacher_rows=teacher_rows if self.needs_teacher else None)
+
+    def _teacher_rows(self, batch: StepBatch) -> torch.Tensor | None:
+        """``[B]`` bool: the rows the teacher pass runs on (``signals.teacher_rows``), or None
+        for every row. Skipped: rows with a zero outcome advantage, where the estimator's
+        advantage is zero whatever the teacher says (``Estimator.outcome_scaled``), unless a
+        self-distillation loss reads the teacher on every row."""
+        if (self.config.signals.teacher_rows == "all" or self.distill
+                or not self.estimator.outcome_scaled):
+            return None
+        return outcome_advantages(batch, self.credit_config) != 0
+
+    def _signals(self, batch: StepBatch, rows: list[int], teacher_rows: torch.Tensor | None,
+                 *, requires_grad: bool) -> dict[str, torch.Tensor]:
+        """The student's and teacher's signals of ``rows``, each ``[M, T_m]`` in ``rows``'
+        order: ``logprobs``, ``entropy``, ``divergence``, ``teacher_logprobs``, ``mask``.
+
+        The teacher pass (:func:`token_signals`) runs on the rows ``teacher_rows`` marks (all
+        where None); the others run the student alone (:func:`response_logprobs`) and get
+        zero divergence and teacher log-probs. ``requires_grad``: the update's forward
+        (student gradients; the divergence's only for self-distillation; each side's prompts
+        shared where ``loss.share_prompts`` and one repeats), else the no-grad scoring pass."""
+        config = self.config
+        model = cast(PreTrainedModel, self.model)
+        with_teacher = (rows if teacher_rows is None
+                        else [i for i in rows if bool(teacher_rows[i])])
+        chosen = set(with_teacher)
+        sides = [(with_teacher, True), ([i for i in rows if i not in chosen], False)]
+        order: list[int] = []
+        outputs: list[dict[str, torch.Tensor]] = []
+        for part, teacher in sides:
+            if not part:
+                continue
+            prompts = [batch.prompt_ids[i] for i in part]
+            responses = [batch.response_ids[i] for i in part]
+            common: dict[str, Any] = {"temperature": config.rollout.temperature,
+                                      "chunk_size": config.signals.chunk_size,
+                                      "response_mask": self._masks(batch, part)}
+            if requires_grad:  # shared where a prompt repeats (else the plain pass)
+                common.update(share_prompts=config.loss.share_prompts and len(
+                    {tuple(p) for p in prompts}) < len(prompts),
+                    checkpoint_layers=self.checkpoint_layers, entropy_requires_grad=False)
+            if teacher:
+                sig = token_signals(
+                    model, prompts, [batch.teacher_ids[i] for i in part], responses,
+                    # signals.divergence is checked by validate
+                    estimator=cast(DivergenceEstimator, config.signals.divergence),
+                    topk=config.signals.topk, student_requires_grad=requires_grad,
+                    divergence_requires_grad=requires_grad and self.distill, **common)
+                out = {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
+                       "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs,
+                       "mask": sig.mask}
+            else:
+                own = response_logprobs(model, prompts, responses,
+                                        requires_grad=requires_grad, **common)
+                zeros = torch.zeros_like(own.mask)
+                out = {"logprobs": own.logprobs, "entropy": own.entropy, "divergence": zeros,
+                       "teacher_logprobs": zeros, "mask": own.mask}
+            order += part
+            outputs.append(out)
+        if len(outputs) == 1:
+            return outputs[0]
+        length = max(len(batch.response_ids[i]) for i in rows)
+        place = {row: n for n, row in enumerate(order)}
+        back = torch.tensor([place[i] for i in rows], device=outputs[0]["mask"].device)
+        return {name: torch.cat([_pad(out[name], length) for out in outputs]).index_select(0, back)
+                for name in outputs[0]}
 
     def _fused_mode(self, batch: StepBatch) -> str | None:
         """How the update may stand in for the scoring pass (``loss.fuse_scoring``).
@@ -420,7 +484,8 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)
                     for micro in micros:
                         with trims():
-                            forward = self._forward(batch, micro, teacher=fused == "inline")
+                            forward = self._forward(batch, micro, teacher=fused == "inline",
+                                                    teacher_rows=scores.teacher_rows)
                         if fused is not None:
                             self._fill_scores(scores, micro, forward)
                         if inline:  # the credit of this micro-batch's rows, now that their
@@ -533,39 +598,19 @@ class Trainer:
         self._check_finite(step, "the weights' norm (weights too large for any model)",
                            torch.tensor(math.inf))
 
-    def _forward(self, batch: StepBatch, rows: list[int], *, teacher: bool = False
-                 ) -> dict[str, torch.Tensor]:
+    def _forward(self, batch: StepBatch, rows: list[int], *, teacher: bool = False,
+                 teacher_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """The update's forward over the micro-batch ``rows``, with gradients through the
         student's log-probs: ``logprobs``, ``entropy`` (``[M, T_m]``; no loss term
         differentiates it, so it is computed without gradients), and, for self-distillation or when
         ``teacher`` (the inline credit needs them), the teacher pass's ``divergence`` and
-        ``teacher_logprobs``."""
-        config, signals = self.config, self.config.signals
-        prompts = [batch.prompt_ids[i] for i in rows]
-        responses = [batch.response_ids[i] for i in rows]
-        common: dict[str, Any] = {"temperature": config.rollout.temperature,
-                                  "chunk_size": signals.chunk_size,
-                                  "response_mask": self._masks(batch, rows),
-                                  # shared where a prompt repeats (else the plain pass)
-                                  "share_prompts": config.loss.share_prompts and len(
-                                      {tuple(p) for p in prompts}) < len(prompts)}
-        # the policy is a Hugging Face causal LM; signals.divergence is checked by validate
-        model = cast(PreTrainedModel, self.model)
+        ``teacher_logprobs`` (on the rows ``teacher_rows`` marks, :meth:`_signals`)."""
         with self.runtime.autocast_context():
             if self.distill or teacher:
-                sig = token_signals(model, prompts, [batch.teacher_ids[i] for i in rows],
-                                    responses,
-                                    estimator=cast(DivergenceEstimator, signals.divergence),
-                                    topk=signals.topk, student_requires_grad=True,
-                                    divergence_requires_grad=self.distill,
-                                    entropy_requires_grad=False,
-                                    checkpoint_layers=self.checkpoint_layers, **common)
-                return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
-                        "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs}
-            own = response_logprobs(model, prompts, responses, requires_grad=True,
-                                    entropy_requires_grad=False,
-                                    checkpoint_layers=self.checkpoint_layers, **common)
-        return {"logprobs": own.logprobs, "entropy": own.entropy}
+                return self._signals(batch, rows, teacher_rows, requires_grad=True)
+            nowhere = torch.zeros(len(batch.response_ids), dtype=torch.bool)
+            own = self._signals(batch, rows, nowhere, requires_grad=True)
+        return {"logprobs": own["logprobs"], "entropy": own["entropy"]}
 
     @staticmethod
     def _fill_scores(scores: Scores, rows: list[int], forward: dict[str, torch.Tensor]) -> None:
