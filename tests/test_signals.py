@@ -380,6 +380,10 @@ def _bad_calls():
         (dict(estimator="full", topk=5), "topk is only used with estimator='topk'"),
         (dict(chunk_size=0), "chunk_size must be a positive int"),
         (dict(share_prompts="yes"), "share_prompts must be True, False or None"),
+        (dict(teacher_rows=[True]), "teacher_rows must be 2 bools"),
+        (dict(teacher_rows=[1, 0]), "teacher_rows must be 2 bools"),
+        (dict(teacher_rows=torch.ones(2)), r"teacher_rows must be a \[2\] bool tensor"),
+        (dict(teacher_rows=torch.ones(3, dtype=torch.bool)), "teacher_rows must be a"),
     ], dict(prompt_ids=p, teacher_prompt_ids=t, response_ids=r)
 
 
@@ -789,3 +793,54 @@ def test_entropy_without_gradients_changes_nothing_else(share):
     torch.testing.assert_close(own_b.logprobs, own_a.logprobs, atol=0, rtol=0)
     for got, want in zip([*grads_b, *own_grads_b], [*grads_a, *own_grads_a], strict=True):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(("share", "chunk_size"), [(True, 5), (False, 3), (True, 64)])
+def test_teacher_rows_run_the_teacher_on_those_rows_only(share, chunk_size):
+    """``teacher_rows``: the student side runs once on every row and gives what the all-rows
+    pass gives (values and gradients); the chosen rows' teacher signals equal the all-rows
+    pass's; the others are 0 and their teacher prompts never reach the backbone (fewer
+    tokens). Chunks of 5 and 3 cut through the chosen rows' boundary; 64 is one chunk."""
+    model = _model("qwen3", num_layers=2)
+    prompts, teachers, responses, mask = _shared_batch(301, seed=53)
+    chosen = [g in ("A", "D") for g in SHARED_GROUPS]  # not a prefix of the batch
+    weights = torch.rand(len(responses), max(len(r) for r in responses),
+                         generator=torch.Generator().manual_seed(3)) - 0.5
+    counts = _count_backbone_tokens(model)
+    runs = {}
+    for rows in (None, chosen, torch.tensor(chosen)):
+        counts.clear()
+        sig = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                            chunk_size=chunk_size, student_requires_grad=True,
+                            share_prompts=share, divergence_requires_grad=False,
+                            entropy_requires_grad=False, teacher_rows=rows)
+        runs[type(rows).__name__] = (sig, sum(counts), _parameter_grads(
+            model, (sig.student_logprobs * weights).sum()))
+    (every, every_tokens, every_grads) = runs["NoneType"]
+    keep = torch.tensor(chosen)
+    for name in ("list", "Tensor"):
+        sig, tokens, grads = runs[name]
+        assert tokens < every_tokens
+        for field in ("student_logprobs", "entropy", "mask"):
+            torch.testing.assert_close(getattr(sig, field), getattr(every, field),
+                                       atol=1e-6, rtol=1e-6)
+        for field in ("teacher_logprobs", "divergence"):
+            torch.testing.assert_close(getattr(sig, field)[keep], getattr(every, field)[keep],
+                                       atol=1e-6, rtol=1e-6)
+            assert (getattr(sig, field)[~keep] == 0).all()
+            assert (getattr(every, field)[~keep] != 0).any()
+        for got, want in zip(grads, every_grads, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert any(float(g.abs().max()) > 1e-3 for g in every_grads)
+    # no row chosen: the student alone, teacher signals all 0, no teacher prompt run
+    counts.clear()
+    alone = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                          chunk_size=chunk_size, share_prompts=share,
+                          teacher_rows=[False] * len(responses))
+    alone_tokens = sum(counts)
+    student = response_logprobs(model, prompts, responses, response_mask=mask,
+                                chunk_size=chunk_size, share_prompts=share)
+    torch.testing.assert_close(alone.student_logprobs, student.logprobs, atol=0, rtol=0)
+    assert (alone.divergence == 0).all() and (alone.teacher_logprobs == 0).all()
+    assert alone_tokens == sum(_shared_forwards(prompts, responses) if share
+                               else _full_forwards(prompts, responses))

@@ -205,6 +205,7 @@ def token_signals(
     divergence_requires_grad: bool | None = None,
     checkpoint_layers: bool = False,
     entropy_requires_grad: bool | None = None,
+    teacher_rows: Sequence[bool] | torch.Tensor | None = None,
 ) -> TokenSignals:
     """Score ``B`` responses under the student prompts and the teacher prompts.
 
@@ -248,6 +249,12 @@ def token_signals(
             entropy's gradient (the trainer's) no longer has each chunk's recomputation build
             the entropy's ``[C, V]`` graph, whose saved tensors nobody unpacks and which
             therefore stayed alive until the end of the backward.
+        teacher_rows: ``[B]`` bools, the examples the teacher pass runs on (``None``: all).
+            The student side always runs on every example, in one pass; the others get 0
+            teacher log-probs and divergence (their teacher prompts are not run). For a credit
+            that is zero on those rows whatever the teacher says (the trainer's
+            ``signals.teacher_rows``): the teacher's backbone and LM head then run on the
+            chosen rows only, and the student's LM head runs in the same chunks as without it.
 
     Returns:
         :class:`TokenSignals`, every field ``[B, max_response_len]`` float32 on the model's device.
@@ -273,19 +280,29 @@ def token_signals(
     chunk_size = _check_chunk_size(chunk_size, head)
     divergence_grad = _part_grad(divergence_requires_grad, student_requires_grad)
     entropy_grad = _part_grad(entropy_requires_grad, student_requires_grad)
-    share_teacher = _share_prompts(share_prompts, teachers, requires_grad=False)
     share_student = _share_prompts(share_prompts, students, requires_grad=student_requires_grad)
 
+    taught = _taught_examples(teacher_rows, len(responses))
+    # packed tokens, the taught examples' first: each chunk's teacher rows are a prefix of it
+    order = None if len(taught) in (0, len(responses)) else rows.taught_first(taught)
     with torch.no_grad():
-        teacher_hidden = _predicting_hidden(backbone, teachers, responses, rows, share_teacher)
+        teacher_hidden = (_predicting_hidden(
+            backbone, [teachers[b] for b in taught], [responses[b] for b in taught],
+            rows.subset(taught), _share_prompts(share_prompts, [teachers[b] for b in taught],
+                                                requires_grad=False))
+            if taught else rows.targets.new_zeros(0, head.in_features, dtype=torch.float32))
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
         student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student,
                                             checkpoint_layers and student_requires_grad)
-        student_logprobs, teacher_logprobs, entropy, divergence = _chunked(
-            _chunk_signals, 4, rows, head, (student_hidden, teacher_hidden),
+        targets = rows.targets
+        if order is not None:
+            student_hidden, targets = student_hidden[order], targets[order]
+        student_logprobs, teacher_logprobs, entropy, divergence = (rows.scatter(
+            packed, order) for packed in _chunked(
+            _chunk_signals, 4, targets, head, (student_hidden, teacher_hidden),
             (temperature, estimator, topk, divergence_grad, entropy_grad), chunk_size,
             student_requires_grad,
-        )
+        ))
     return TokenSignals(
         student_logprobs=student_logprobs,
         teacher_logprobs=teacher_logprobs.detach(),
@@ -345,8 +362,9 @@ def response_logprobs(
         hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
                                     checkpoint_layers and requires_grad)
         entropy_grad = _part_grad(entropy_requires_grad, requires_grad)
-        logprobs, entropy = _chunked(_chunk_scores, 2, rows, head, (hidden,),
-                                     (temperature, entropy_grad), chunk_size, requires_grad)
+        logprobs, entropy = (rows.scatter(packed) for packed in _chunked(
+            _chunk_scores, 2, rows.targets, head, (hidden,), (temperature, entropy_grad),
+            chunk_size, requires_grad))
     return ResponseScores(logprobs=logprobs, entropy=entropy, mask=rows.mask())
 
 
@@ -359,6 +377,7 @@ class _Rows:
 
     def __init__(self, policy: list[list[bool]], responses: list[list[int]],
                  device: torch.device) -> None:
+        self.policy, self.responses = policy, responses
         self.batch, self.length = len(responses), max(len(r) for r in responses)
         self.device = device
         padded_ids = torch.zeros(self.batch, self.length, dtype=torch.long)
@@ -372,12 +391,25 @@ class _Rows:
         self.position = (out_index % self.length).to(device)
         self.targets = padded_ids.flatten()[out_index].to(device)
 
-    def scatter(self, values: list[torch.Tensor]) -> torch.Tensor:
-        """Place packed ``[N]`` values into a zero ``[B, T]`` float32 tensor."""
-        packed = (torch.cat(values) if values
-                  else torch.zeros(0, dtype=torch.float32, device=self.device))
-        flat = packed.new_zeros(self.batch * self.length).index_copy(0, self.out_index, packed)
+    def scatter(self, packed: torch.Tensor, order: torch.Tensor | None = None) -> torch.Tensor:
+        """Place packed ``[N]`` values into a zero ``[B, T]`` float32 tensor; ``order`` ``[N]``:
+        value ``n`` is packed token ``order[n]``'s (None: packed order)."""
+        index = self.out_index if order is None else self.out_index[order]
+        flat = packed.new_zeros(self.batch * self.length).index_copy(0, index, packed)
         return flat.view(self.batch, self.length)
+
+    def subset(self, examples: list[int]) -> _Rows:
+        """The packed rows of ``examples`` alone (in their order)."""
+        return _Rows([self.policy[b] for b in examples], [self.responses[b] for b in examples],
+                     self.device)
+
+    def taught_first(self, examples: list[int]) -> torch.Tensor:
+        """``[N]`` long: the packed tokens of ``examples`` (ascending), in packed order, then the
+        others': the first ones line up with :meth:`subset`'s packed rows."""
+        chosen = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        chosen[torch.tensor(examples, dtype=torch.long, device=self.device)] = True
+        taught = chosen[self.example]
+        return torch.cat([taught.nonzero().squeeze(-1), (~taught).nonzero().squeeze(-1)])
 
     def mask(self) -> torch.Tensor:
         mask = torch.zeros(self.batch * self.length, dtype=torch.float32, device=self.device)
@@ -385,24 +417,27 @@ class _Rows:
         return mask.view(self.batch, self.length)
 
 
-def _chunked(fn: Callable[..., tuple[torch.Tensor, ...]], outputs: int, rows: _Rows,
+def _chunked(fn: Callable[..., tuple[torch.Tensor, ...]], outputs: int, targets: torch.Tensor,
              head: nn.Linear, hidden: tuple[torch.Tensor, ...], options: tuple,
              chunk_size: int, requires_grad: bool) -> list[torch.Tensor]:
     """Run ``fn(head, *(h[chunk] for h in hidden), targets[chunk], *options)`` over chunks of the
-    packed rows and scatter each of its ``outputs`` ``[C]`` results into a ``[B, T]`` tensor.
+    ``[N]`` packed targets and concatenate each of its ``outputs`` ``[C]`` results into ``[N]``
+    (a hidden tensor shorter than ``N`` gives the later chunks a shorter slice, or none).
     With gradients, each chunk is checkpointed: backward recomputes the chunk's ``[C, V]``
     buffers instead of keeping every chunk's alive until then."""
     columns: list[list[torch.Tensor]] = [[] for _ in range(outputs)]
-    for start in range(0, rows.targets.numel(), chunk_size):
+    for start in range(0, targets.numel(), chunk_size):
         piece = slice(start, start + chunk_size)
-        args = (head, *(h[piece] for h in hidden), rows.targets[piece], *options)
+        args = (head, *(h[piece] for h in hidden), targets[piece], *options)
         if requires_grad:
             values = checkpoint(fn, *args, use_reentrant=False)
         else:
             values = fn(*args)
         for column, value in zip(columns, values, strict=True):
             column.append(value)
-    return [rows.scatter(column) for column in columns]
+    return [torch.cat(column) if column
+            else torch.zeros(0, dtype=torch.float32, device=targets.device)
+            for column in columns]
 
 
 def _chunk_scores(head: nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
@@ -459,21 +494,35 @@ def _chunk_signals(
     Peak memory is a handful of ``[C, V]`` fp32 buffers. ``divergence_grad=False``: the
     divergence is computed without gradients; every gradient-carrying value comes before the
     teacher's head, so a checkpoint's recomputation stops before it. ``entropy_grad=False``:
-    the same for the entropy (:func:`_student_side`).
+    the same for the entropy (:func:`_student_side`). ``teacher_hidden`` ``[K, H]``, ``K <= C``:
+    the teacher's states of the chunk's first ``K`` rows (``token_signals``' ``teacher_rows``);
+    the other rows get 0 teacher log-prob and divergence.
     """
     student, student_logprob, student_probs, entropy = _student_side(
         head, student_hidden, targets, temperature, entropy_grad, probs_grad=divergence_grad)
+    rows, taught = targets.shape[0], teacher_hidden.shape[0]
+    if taught == 0:
+        zeros = student_logprob.new_zeros(rows).detach()
+        return student_logprob, zeros, entropy, zeros
+    if taught < rows:  # the teacher's rows are a prefix of the chunk
+        student, student_probs = student[:taught], student_probs[:taught]
+        own_logprob, targets = student_logprob[:taught], targets[:taught]
+    else:
+        own_logprob = student_logprob
     with torch.no_grad():
-        teacher = _log_softmax(head(teacher_hidden), temperature)  # [C, V]
+        teacher = _log_softmax(head(teacher_hidden), temperature)  # [K, V]
         teacher_logprob = teacher.gather(-1, targets[:, None]).squeeze(-1)
     if divergence_grad:
-        divergence = _divergence(student, student_probs, student_logprob, teacher,
+        divergence = _divergence(student, student_probs, own_logprob, teacher,
                                  teacher_logprob, estimator, topk)
     else:
         with torch.no_grad():
             divergence = _divergence(student.detach(), student_probs.detach(),
-                                     student_logprob.detach(), teacher, teacher_logprob,
+                                     own_logprob.detach(), teacher, teacher_logprob,
                                      estimator, topk)
+    if taught < rows:
+        teacher_logprob = nn.functional.pad(teacher_logprob, (0, rows - taught))
+        divergence = nn.functional.pad(divergence, (0, rows - taught))
     return student_logprob, teacher_logprob, entropy, divergence
 
 
@@ -692,6 +741,22 @@ def _share_prompts(share_prompts: object, prompts: list[list[int]], *,
     if not isinstance(share_prompts, bool):
         raise ValueError(f"share_prompts must be True, False or None, got {share_prompts!r}")
     return share_prompts
+
+
+def _taught_examples(teacher_rows: object, batch: int) -> list[int]:
+    """The examples ``teacher_rows`` (``[B]`` bools, or None for all) marks, ascending."""
+    if teacher_rows is None:
+        return list(range(batch))
+    if isinstance(teacher_rows, torch.Tensor):
+        if teacher_rows.dtype != torch.bool or teacher_rows.shape != (batch,):
+            raise ValueError(f"teacher_rows must be a [{batch}] bool tensor (one per example), "
+                             f"got {teacher_rows.dtype} of shape {tuple(teacher_rows.shape)}")
+        teacher_rows = teacher_rows.tolist()
+    if (isinstance(teacher_rows, (str, bytes)) or not isinstance(teacher_rows, Sequence)
+            or len(teacher_rows) != batch or not all(isinstance(v, bool) for v in teacher_rows)):
+        raise ValueError(f"teacher_rows must be {batch} bools (one per example) or None, got "
+                         f"{teacher_rows!r}")
+    return [b for b, taught in enumerate(teacher_rows) if taught]
 
 
 def _batch_size(**lists: object) -> int:

@@ -362,56 +362,41 @@ class Trainer:
         """The student's and teacher's signals of ``rows``, each ``[M, T_m]`` in ``rows``'
         order: ``logprobs``, ``entropy``, ``divergence``, ``teacher_logprobs``, ``mask``.
 
-        The teacher pass (:func:`token_signals`) runs on the rows ``teacher_rows`` marks (all
-        where None); the others run the student alone (:func:`response_logprobs`) and get
+        The student runs on every row in one pass; the teacher on the rows ``teacher_rows``
+        marks (all where None; :func:`token_signals`' ``teacher_rows``), and where it marks
+        none of them, the student runs alone (:func:`response_logprobs`): the other rows get
         zero divergence and teacher log-probs. ``requires_grad``: the update's forward
         (student gradients; the divergence's only for self-distillation; each side's prompts
         shared where ``loss.share_prompts`` and one repeats), else the no-grad scoring pass."""
         config = self.config
         model = cast(PreTrainedModel, self.model)
-        with_teacher = (rows if teacher_rows is None
-                        else [i for i in rows if bool(teacher_rows[i])])
-        chosen = set(with_teacher)
-        sides = [(with_teacher, True), ([i for i in rows if i not in chosen], False)]
-        order: list[int] = []
-        outputs: list[dict[str, torch.Tensor]] = []
-        for part, teacher in sides:
-            if not part:
-                continue
-            prompts = [batch.prompt_ids[i] for i in part]
-            responses = [batch.response_ids[i] for i in part]
-            common: dict[str, Any] = {"temperature": config.rollout.temperature,
-                                      "chunk_size": config.signals.chunk_size,
-                                      "response_mask": self._masks(batch, part)}
-            if requires_grad:  # shared where a prompt repeats (else the plain pass)
-                common.update(share_prompts=config.loss.share_prompts and len(
-                    {tuple(p) for p in prompts}) < len(prompts),
-                    checkpoint_layers=self.checkpoint_layers, entropy_requires_grad=False)
-            if teacher:
-                sig = token_signals(
-                    model, prompts, [batch.teacher_ids[i] for i in part], responses,
-                    # signals.divergence is checked by validate
-                    estimator=cast(DivergenceEstimator, config.signals.divergence),
-                    topk=config.signals.topk, student_requires_grad=requires_grad,
-                    divergence_requires_grad=requires_grad and self.distill, **common)
-                out = {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
-                       "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs,
-                       "mask": sig.mask}
-            else:
-                own = response_logprobs(model, prompts, responses,
-                                        requires_grad=requires_grad, **common)
-                zeros = torch.zeros_like(own.mask)
-                out = {"logprobs": own.logprobs, "entropy": own.entropy, "divergence": zeros,
-                       "teacher_logprobs": zeros, "mask": own.mask}
-            order += part
-            outputs.append(out)
-        if len(outputs) == 1:
-            return outputs[0]
-        length = max(len(batch.response_ids[i]) for i in rows)
-        place = {row: n for n, row in enumerate(order)}
-        back = torch.tensor([place[i] for i in rows], device=outputs[0]["mask"].device)
-        return {name: torch.cat([_pad(out[name], length) for out in outputs]).index_select(0, back)
-                for name in outputs[0]}
+        prompts = [batch.prompt_ids[i] for i in rows]
+        responses = [batch.response_ids[i] for i in rows]
+        common: dict[str, Any] = {"temperature": config.rollout.temperature,
+                                  "chunk_size": config.signals.chunk_size,
+                                  "response_mask": self._masks(batch, rows)}
+        if requires_grad:  # shared where a prompt repeats (else the plain pass)
+            common.update(share_prompts=config.loss.share_prompts and len(
+                {tuple(p) for p in prompts}) < len(prompts),
+                checkpoint_layers=self.checkpoint_layers, entropy_requires_grad=False)
+        taught = None if teacher_rows is None else teacher_rows[rows]
+        if taught is None or bool(taught.any()):
+            sig = token_signals(
+                model, prompts, [batch.teacher_ids[i] for i in rows], responses,
+                # signals.divergence is checked by validate
+                estimator=cast(DivergenceEstimator, config.signals.divergence),
+                topk=config.signals.topk, student_requires_grad=requires_grad,
+                divergence_requires_grad=requires_grad and self.distill,
+                teacher_rows=None if taught is None or bool(taught.all()) else taught,
+                **common)
+            return {"logprobs": sig.student_logprobs, "entropy": sig.entropy,
+                    "divergence": sig.divergence, "teacher_logprobs": sig.teacher_logprobs,
+                    "mask": sig.mask}
+        own = response_logprobs(model, prompts, responses, requires_grad=requires_grad,
+                                **common)
+        zeros = torch.zeros_like(own.mask)
+        return {"logprobs": own.logprobs, "entropy": own.entropy, "divergence": zeros,
+                "teacher_logprobs": zeros, "mask": own.mask}
 
     def _fused_mode(self, batch: StepBatch) -> str | None:
         """How the update may stand in for the scoring pass (``loss.fuse_scoring``).
