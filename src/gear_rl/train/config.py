@@ -442,10 +442,11 @@ class TrainConfig:
         precision: training/scoring compute: ``auto`` (bf16 autocast where the device computes
             bf16 natively, else fp32), ``bf16`` or ``fp32``. Master weights are always fp32.
         threads: torch CPU threads (None: torch's default).
-        heap_reuse: let glibc's heap keep freed memory for reuse within a phase instead of
-            unmapping large blocks and page-faulting them in again
+        heap_reuse: let glibc's heap keep freed memory for reuse, within a phase and across
+            phases, instead of unmapping large blocks and page-faulting them in again
             (:func:`gear_rl.train.runtime.keep_heap_pages`; process-wide, Linux/glibc only);
-            the trainer still hands free pages back between phases. ``None`` (default): on
+            the resident set then stays near the step's peak between phases instead of
+            falling back. ``None`` (default): on
             for single-turn tasks (a quarter off the default task's scoring + update time),
             off for agent and environment tasks, whose update is the run's memory peak (on
             tool-math it added about 0.27 GB to that peak for 3% of the update's time). Off,

@@ -674,7 +674,7 @@ class Trainer:
     def _eval_record(self, step: int) -> dict[str, Any]:
         started, cpu_started = time.perf_counter(), time.process_time()
         result = self.evaluate()
-        release_free_memory()
+        self._release_between_phases()
         k = self.config.eval.k
         if self.config.eval.records:
             from gear_rl.train.evaluate import write_eval_records
@@ -690,12 +690,20 @@ class Trainer:
                    if key.startswith(("agent/", "env/"))}}
 
     # ------------------------------------------------------------------ the loop
+    def _release_between_phases(self) -> None:
+        """Hand the heap's free pages back to the OS between a step's phases, unless the heap
+        keeps them for reuse (``runtime.heap_reuse``): there the next phase's buffers reuse
+        the pages in place, where a trim had every update and rollout page-fault them in
+        again (about 580k faults, 2.3 GB, a default-task update; docs/speed.md)."""
+        if not self.runtime.heap_reuse:
+            release_free_memory()
+
     def step(self, step: int) -> tuple[dict[str, Any], StepOutput]:
         """One full training step; returns its metrics record and what it computed."""
         timings, started, cpu_started = {}, time.perf_counter(), time.process_time()
         reset_device_peak(self.runtime.device)
         batch = self.rollout(step)
-        release_free_memory()  # the sampler's KV caches
+        self._release_between_phases()  # the sampler's KV caches
         timings["time/rollout"] = time.perf_counter() - started
         mark = time.perf_counter()
         fused = self._fused_mode(batch)
@@ -705,9 +713,9 @@ class Trainer:
         advantages = None if fused == "inline" else self.credit(batch, scores, step)
         timings["time/credit"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        release_free_memory()  # the scoring pass's buffers
+        self._release_between_phases()  # the scoring pass's buffers
         update, advantages = self.update(batch, scores, advantages, step, fused=fused)
-        release_free_memory()  # activations and gradients
+        self._release_between_phases()  # activations and gradients
         timings["time/update"] = time.perf_counter() - mark
         if "time/credit" in update:  # the inline credit ran inside the update
             timings["time/credit"] = update.pop("time/credit")
