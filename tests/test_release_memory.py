@@ -170,3 +170,27 @@ def test_update_frees_the_sampler_copy_without_heap_reuse(tmp_path, monkeypatch,
             assert torch.equal(sampled, trained.detach().to(torch.bfloat16))
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_the_trainer_trims_between_phases_only_without_heap_reuse(tmp_path, monkeypatch,
+                                                                  reuse) -> None:
+    """Without heap reuse a step hands the heap's free pages back after the rollout, the
+    scoring pass and the update; with it the heap keeps them for the next phase (a trim had
+    every update page-fault its buffers in again), and the step trims nothing."""
+    import gear_rl.train.runtime as runtime
+    import gear_rl.train.trainer as trainer_module
+    from conftest import tiny_trainer
+
+    # the setting is process-wide: the test's process keeps glibc's defaults
+    monkeypatch.setattr(runtime, "keep_heap_pages", lambda: True)
+    trainer = tiny_trainer(tmp_path / "run", f"heap_reuse={str(reuse).lower()}",
+                           "estimator=grpo")
+    calls: list[str] = []
+    monkeypatch.setattr(trainer_module, "release_free_memory", lambda: calls.append("trim"))
+    try:
+        assert trainer.runtime.heap_reuse is reuse
+        trainer.step(1)
+    finally:
+        trainer.close()
+    assert len(calls) == (0 if reuse else 3)
