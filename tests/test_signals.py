@@ -17,7 +17,11 @@ from gear_rl.signals import (
     response_logprobs,
     token_signals,
 )
-from gear_rl.signals.divergence import MAX_LOG_RATIO, sampled_token_divergence
+from gear_rl.signals.divergence import (
+    MAX_LOG_RATIO,
+    PROMPT_LENGTH_SLACK,
+    sampled_token_divergence,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -448,17 +452,24 @@ def _full_forwards(prompts: list[list[int]], responses: list[list[int]]) -> list
     return [len(prompts) * max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))]
 
 
-def _shared_forwards(prompts: list[list[int]], responses: list[list[int]]) -> list[int]:
-    """Backbone input tokens of each forward of one shared side: per prompt length (in order of
-    first appearance), its distinct prompts once, then its rows' responses but the last token,
-    padded to the longest (no response forward when every response is one token)."""
-    buckets: dict[int, set[tuple[int, ...]]] = {}
-    for p in prompts:
-        buckets.setdefault(len(p), set()).add(tuple(p))
+def _shared_forwards(prompts: list[list[int]], responses: list[list[int]],
+                     slack: int = PROMPT_LENGTH_SLACK) -> list[int]:
+    """Backbone input tokens of each forward of one shared side: per batch of prompt lengths
+    (shortest first; a new batch where a length exceeds the batch's shortest by more than
+    ``slack``), its distinct prompts once, padded to the longest, then its rows' responses but
+    the last token, padded to the longest (no response forward when every response is one
+    token)."""
+    batches: list[list[int]] = []
+    for length in sorted({len(p) for p in prompts}):
+        if batches and length - batches[-1][0] <= slack:
+            batches[-1].append(length)
+        else:
+            batches.append([length])
     out = []
-    for length, bucket in buckets.items():
-        rows = [r for p, r in zip(prompts, responses, strict=True) if len(p) == length]
-        out.append(length * len(bucket))
+    for lengths in batches:
+        distinct = {tuple(p) for p in prompts if len(p) in lengths}
+        rows = [r for p, r in zip(prompts, responses, strict=True) if len(p) in lengths]
+        out.append(max(lengths) * len(distinct))
         if max(len(r) for r in rows) > 1:
             out.append(len(rows) * (max(len(r) for r in rows) - 1))
     return out

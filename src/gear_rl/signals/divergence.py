@@ -28,8 +28,13 @@ recomputes its logits instead of keeping them, which holds the same bound during
 Shared prompts: GRPO samples K responses per prompt, so a batch repeats each (student and teacher)
 prompt K times. A gradient-free side with repeated prompts runs each distinct prompt once with a KV
 cache, then all responses against that cache's rows repeated per response (``share_prompts``).
-Distinct prompts of one length run together, so neither pass needs padding inside the prompt; the
-response pass is right-padded at positions ``P..P+R-2`` and, as above, needs no attention mask.
+Distinct prompts whose lengths differ by at most ``PROMPT_LENGTH_SLACK`` tokens run together,
+right-padded to the longest (the prompt pass needs no mask: the padding comes after every real
+token); the response pass is right-padded at positions ``P_b..P_b+R-2`` and needs a mask only
+where its cache holds a shorter prompt's padding slots (hidden from that prompt's responses).
+A hinted teacher prompt is usually one or two tokens longer or shorter than its neighbours (the
+reference answer's length): one batch instead of one per length took the teacher's backbone on
+a default-task GEAR batch from 1.29 / 1.25 s to 1.07 / 1.05 s (docs/speed.md).
 Response token 0 is predicted by the prompt pass's last hidden state, token ``t > 0`` by response
 position ``t - 1``. The result equals the full pass up to float rounding: tested within 1e-5
 absolute plus 1e-5 relative (k3, whose error is the log ratio's times ``r``, within 3e-5
@@ -66,6 +71,9 @@ ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
 SAMPLED_TOKEN_ESTIMATORS: tuple[str, ...] = ("k3", "k1")
 # The largest log-ratio log(p_t / p_s) k3 exponentiates (see sampled_token_divergence).
 MAX_LOG_RATIO = 64.0
+# Shared prompts of lengths within this many tokens of each other run as one padded batch
+# (one prompt pass and one response pass instead of one each per length).
+PROMPT_LENGTH_SLACK = 8
 
 # Rows per LM-head chunk by default: about 2**25 logits (128 MiB in fp32) per [chunk, V] buffer
 # where the head computes in fp32, 2**23 (32 MiB) where it computes in bf16/fp16 (autocast, or a
@@ -171,22 +179,22 @@ def backbone_tokens(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[
     of a forward/backward grows with it (the trainer packs micro-batches by it).
 
     Unshared: ``B x max(P_b + R_b)`` (one right-padded batch). Shared (each distinct prompt
-    once, see :func:`_shared_prompt_hidden`): per prompt length ``P``, ``G x P`` for its ``G``
-    distinct prompts plus ``M x (max R - 1)`` for the ``M`` responses after them.
+    once, see :func:`_shared_prompt_hidden`): per batch of distinct prompts
+    (:func:`prompt_buckets`), ``G x max P`` for its ``G`` prompts plus ``M x (max R - 1)`` for
+    the ``M`` responses after them.
     """
     if not share_prompts:
         return len(prompt_ids) * max(len(p) + len(r)
                                      for p, r in zip(prompt_ids, response_ids, strict=True))
-    distinct: dict[int, set[tuple[int, ...]]] = {}
-    longest: dict[int, int] = {}
-    members: dict[int, int] = {}
+    longest: dict[tuple[int, ...], int] = {}  # per distinct prompt: its longest response
+    members: dict[tuple[int, ...], int] = {}
     for prompt, response in zip(prompt_ids, response_ids, strict=True):
-        length = len(prompt)
-        distinct.setdefault(length, set()).add(tuple(prompt))
-        longest[length] = max(longest.get(length, 0), len(response))
-        members[length] = members.get(length, 0) + 1
-    return sum(len(bucket) * length + members[length] * (longest[length] - 1)
-               for length, bucket in distinct.items())
+        key = tuple(prompt)
+        longest[key] = max(longest.get(key, 0), len(response))
+        members[key] = members.get(key, 0) + 1
+    return sum(len(bucket) * len(bucket[-1])
+               + sum(members[p] for p in bucket) * (max(longest[p] for p in bucket) - 1)
+               for bucket in prompt_buckets(list(longest)))
 
 
 def token_signals(
@@ -603,32 +611,40 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
                           checkpointed: bool = False) -> torch.Tensor:
     """:func:`_predicting_hidden`'s ``[N, H]`` states with each distinct prompt run once.
 
-    For each prompt length ``P``: the ``G`` distinct prompts of that length run as one ``[G, P]``
-    batch into a KV cache; the cache rows are repeated for the ``M`` examples with those prompts,
-    which then run their responses but the last token, ``[M, R - 1]`` right-padded, at positions
-    ``P..P+R-2``. Example ``b``'s states ``[R, H]`` are the prompt's last state (predicting
-    response token 0) followed by the response pass's (predicting tokens ``1..R-1``).
+    The distinct prompts are grouped by length (:func:`prompt_buckets`: lengths within
+    :data:`PROMPT_LENGTH_SLACK` of each other run together). Each bucket's ``G`` prompts run as
+    one right-padded ``[G, P]`` batch into a KV cache (no mask: a causal model's real tokens
+    never see the padding after them); the cache rows are repeated for the ``M`` examples with
+    those prompts, which then run their responses but the last token, ``[M, R - 1]``
+    right-padded, at positions ``P_b..P_b+R-2`` (``P_b`` their own prompt's length), with an
+    attention mask hiding the cache's padding slots where a prompt is shorter than the bucket's
+    longest. Example ``b``'s states ``[R, H]`` are its prompt's last state (predicting response
+    token 0) followed by the response pass's (predicting tokens ``1..R-1``).
     """
     distinct: dict[tuple[int, ...], int] = {}
     prompt_of = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]  # [B]
-    by_length: dict[int, list[tuple[int, ...]]] = {}
-    for prompt in distinct:
-        by_length.setdefault(len(prompt), []).append(prompt)
     device, length = rows.device, rows.length
     examples: list[int] = []  # the example of each row of `states`, bucket after bucket
     states: list[torch.Tensor] = []  # per bucket [M, T, H]
-    for prompt_length, bucket in by_length.items():
+    for bucket in prompt_buckets(list(distinct)):
         local = {distinct[prompt]: i for i, prompt in enumerate(bucket)}
         members = [b for b, p in enumerate(prompt_of) if p in local]
+        longest = max(len(prompt) for prompt in bucket)
+        prompt_ids = torch.zeros(len(bucket), longest, dtype=torch.long)
+        for i, prompt in enumerate(bucket):
+            prompt_ids[i, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
         config = cast(PreTrainedConfig, backbone.config)
         cache = _PrefixCache(config) if checkpointed else DynamicCache(config=config)
         prompt_hidden = backbone(
-            input_ids=torch.tensor(bucket, dtype=torch.long, device=device),
-            position_ids=torch.arange(prompt_length, device=device).expand(len(bucket), -1),
+            input_ids=prompt_ids.to(device),
+            position_ids=torch.arange(longest, device=device).expand(len(bucket), -1),
             past_key_values=cache, use_cache=True,
         ).last_hidden_state  # [G, P, H]
         which = torch.tensor([local[prompt_of[b]] for b in members], device=device)  # [M]
-        hidden = prompt_hidden[:, -1].index_select(0, which)[:, None]  # [M, 1, H]
+        own = torch.tensor([len(prompts[b]) for b in members], device=device)  # [M]: P_b
+        ends = torch.tensor([len(prompt) - 1 for prompt in bucket], device=device)  # [G]
+        last = prompt_hidden[torch.arange(len(bucket), device=device), ends]  # [G, H]
+        hidden = last.index_select(0, which)[:, None]  # [M, 1, H]: their prompt's last state
         width = max(len(responses[b]) for b in members) - 1
         if width > 0:
             input_ids = torch.zeros(len(members), width, dtype=torch.long)
@@ -639,11 +655,14 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
             else:
                 cache.batch_select_indices(which)
                 prefix = cache
+            mask = None
+            if bool((own < longest).any()):  # hide the padding slots of the shorter prompts
+                slots = torch.arange(longest + width, device=device)
+                mask = ((slots[None] < own[:, None]) | (slots[None] >= longest)).long()
             response_hidden = backbone(
                 input_ids=input_ids.to(device),
-                position_ids=torch.arange(prompt_length, prompt_length + width,
-                                          device=device).expand(len(members), -1),
-                past_key_values=prefix, use_cache=True,
+                position_ids=own[:, None] + torch.arange(width, device=device)[None],
+                attention_mask=mask, past_key_values=prefix, use_cache=True,
             ).last_hidden_state  # [M, R - 1, H]
             hidden = torch.cat([hidden, response_hidden], dim=1)  # [M, R, H]
         states.append(nn.functional.pad(hidden, (0, 0, 0, length - hidden.shape[1])))
@@ -652,6 +671,19 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
     slot[examples] = torch.arange(len(prompts))
     flat = slot.to(device)[rows.example] * length + rows.position
     return torch.cat(states).reshape(len(prompts) * length, -1).index_select(0, flat)
+
+
+def prompt_buckets(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """The shared-prompt pass's batches of distinct ``prompts``: in order of length, a new
+    batch wherever a prompt is more than :data:`PROMPT_LENGTH_SLACK` tokens longer than its
+    batch's shortest (each batch is right-padded to its longest prompt)."""
+    out: list[list[tuple[int, ...]]] = []
+    for prompt in sorted(prompts, key=len):
+        if out and len(prompt) - len(out[-1][0]) <= PROMPT_LENGTH_SLACK:
+            out[-1].append(prompt)
+        else:
+            out.append([prompt])
+    return out
 
 
 class _PrefixCache(DynamicCache):
