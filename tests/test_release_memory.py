@@ -172,25 +172,35 @@ def test_update_frees_the_sampler_copy_without_heap_reuse(tmp_path, monkeypatch,
         trainer.close()
 
 
-@pytest.mark.parametrize("reuse", [False, True])
+@pytest.mark.parametrize(("reuse", "growth", "trims"), [
+    (False, 1.1, [3, 3, 3]),  # no heap reuse: after the rollout, the scoring and the update
+    (True, 1.1, [0, 0, 0]),  # heap reuse: the pages stay for the next phase
+    (True, 0.0, [0, 0, 3]),  # ... until the resident set outgrows the ceiling of step 2
+])
 def test_the_trainer_trims_between_phases_only_without_heap_reuse(tmp_path, monkeypatch,
-                                                                  reuse) -> None:
+                                                                  reuse, growth, trims) -> None:
     """Without heap reuse a step hands the heap's free pages back after the rollout, the
-    scoring pass and the update; with it the heap keeps them for the next phase (a trim had
-    every update page-fault its buffers in again), and the step trims nothing."""
+    scoring pass and the update. With it the heap keeps them for the next phase (a trim had
+    every update page-fault its buffers in again), unless the resident set has grown past
+    HEAP_GROWTH times the process's peak after its second step (here 0: any)."""
     import gear_rl.train.runtime as runtime
     import gear_rl.train.trainer as trainer_module
     from conftest import tiny_trainer
 
     # the setting is process-wide: the test's process keeps glibc's defaults
     monkeypatch.setattr(runtime, "keep_heap_pages", lambda: True)
+    monkeypatch.setattr(trainer_module, "HEAP_GROWTH", growth)
     trainer = tiny_trainer(tmp_path / "run", f"heap_reuse={str(reuse).lower()}",
                            "estimator=grpo")
     calls: list[str] = []
     monkeypatch.setattr(trainer_module, "release_free_memory", lambda: calls.append("trim"))
+    counts = []
     try:
         assert trainer.runtime.heap_reuse is reuse
-        trainer.step(1)
+        for step in (1, 2, 3):
+            calls.clear()
+            trainer.step(step)
+            counts.append(len(calls))
     finally:
         trainer.close()
-    assert len(calls) == (0 if reuse else 3)
+    assert counts == trims

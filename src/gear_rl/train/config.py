@@ -446,7 +446,8 @@ class TrainConfig:
             phases, instead of unmapping large blocks and page-faulting them in again
             (:func:`gear_rl.train.runtime.keep_heap_pages`; process-wide, Linux/glibc only);
             the resident set then stays near the step's peak between phases instead of
-            falling back. ``None`` (default): on
+            falling back, and the heap is trimmed only where it outgrows 1.1 times the peak
+            after the second step. ``None`` (default): on
             for single-turn tasks (a quarter off the default task's scoring + update time),
             off for agent and environment tasks, whose update is the run's memory peak (on
             tool-math it added about 0.27 GB to that peak for 3% of the update's time). Off,

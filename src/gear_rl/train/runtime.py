@@ -103,14 +103,14 @@ def keep_heap_pages() -> bool:
     """Let glibc's heap keep and reuse freed memory (``mallopt``; elsewhere nothing): blocks
     up to 1 GiB come from the heap instead of fresh ``mmap`` regions, and the heap's free top
     is not handed back automatically below 2 GiB. The trainer then skips
-    :func:`release_free_memory` between a step's phases too
-    (``Trainer._release_between_phases``): the same pages serve every chunk, micro-batch and
-    phase instead of being unmapped and page-faulted in again, and the resident set stays near
-    the step's peak. By default glibc maps a block above its dynamic threshold (at most
-    32 MiB) afresh each time and trims a free top above twice that: the update's ``[chunk,
-    V]`` buffers and ``[V, H]`` head gradients were page-faulted in on every use, about 2 GB
-    of faults per default-task update, which on this project's VMs cost more CPU time in the
-    kernel than the LM head's matmuls (docs/speed.md). Process-wide and not
+    :func:`release_free_memory` between a step's phases too, until the resident set outgrows
+    the early steps' peak (``Trainer._release_between_phases``): the same pages serve every
+    chunk, micro-batch and phase instead of being unmapped and page-faulted in again, and the
+    resident set stays near the step's peak. By default glibc maps a block above its dynamic
+    threshold (at most 32 MiB) afresh each time and trims a free top above twice that: the
+    update's ``[chunk, V]`` buffers and ``[V, H]`` head gradients were page-faulted in on
+    every use, about 2 GB of faults per default-task update, which on this project's VMs cost
+    more CPU time in the kernel than the LM head's matmuls (docs/speed.md). Process-wide and not
     undone (glibc has no way back to the dynamic threshold). Returns whether it was applied."""
     mallopt = _glibc("mallopt")
     if mallopt is None:

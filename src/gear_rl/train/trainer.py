@@ -77,10 +77,17 @@ from gear_rl.train.runtime import (
     rollout_settings,
     run_evaluation,
     run_path,
+    status_bytes,
 )
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
+
+# Heap reuse (Trainer._release_between_phases): the phases trim the heap only where the
+# resident set exceeds HEAP_GROWTH times the peak after the process's HEAP_CEILING_STEP-th step
+# (the second: the optimiser's moments and a whole update's buffers are in by then).
+HEAP_CEILING_STEP = 2
+HEAP_GROWTH = 1.1
 
 __all__ = ["NonFiniteTrainingError", "StepOutput", "Trainer", "evaluate_model", "format_summary",
            "resume_config", "train"]
@@ -201,6 +208,10 @@ class Trainer:
 
             self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.start_step + 1)
         self.history: list[dict[str, Any]] = self.run.read_metrics()
+        # heap reuse: the resident set above which the phases trim the heap after all (set
+        # once this process has run HEAP_CEILING_STEP steps; _release_between_phases)
+        self._heap_ceiling: float | None = None
+        self._steps_run = 0
 
     @property
     def sampler(self) -> torch.nn.Module:
@@ -691,12 +702,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def _release_between_phases(self) -> None:
-        """Hand the heap's free pages back to the OS between a step's phases, unless the heap
-        keeps them for reuse (``runtime.heap_reuse``): there the next phase's buffers reuse
-        the pages in place, where a trim had every update and rollout page-fault them in
-        again (about 580k faults, 2.3 GB, a default-task update; docs/speed.md)."""
-        if not self.runtime.heap_reuse:
-            release_free_memory()
+        """Hand the heap's free pages back to the OS between a step's phases.
+
+        Where the heap keeps its pages for reuse (``runtime.heap_reuse``), only once the
+        resident set has outgrown :data:`HEAP_GROWTH` times the process's peak at the end of
+        its :data:`HEAP_CEILING_STEP`-th step: until then the next phase's buffers reuse the
+        pages in place (a trim had every default-task update page-fault about 580k pages,
+        2.3 GB, in again), but freed blocks that later allocations do not fit keep their
+        pages, so the resident set creeps up (about 35 MB a step on the default task,
+        docs/speed.md), and the trim bounds that."""
+        if self.runtime.heap_reuse:
+            resident = status_bytes("VmRSS")
+            if self._heap_ceiling is None or resident is None or resident <= self._heap_ceiling:
+                return
+        release_free_memory()
+
+    def _set_heap_ceiling(self) -> None:
+        """After this process's :data:`HEAP_CEILING_STEP`-th step: the resident set the phases
+        may reach before they trim (:meth:`_release_between_phases`)."""
+        self._steps_run += 1
+        peak = status_bytes("VmHWM")
+        if self._steps_run == HEAP_CEILING_STEP and peak is not None:
+            self._heap_ceiling = HEAP_GROWTH * peak
 
     def step(self, step: int) -> tuple[dict[str, Any], StepOutput]:
         """One full training step; returns its metrics record and what it computed."""
@@ -720,6 +747,7 @@ class Trainer:
         if "time/credit" in update:  # the inline credit ran inside the update
             timings["time/credit"] = update.pop("time/credit")
             timings["time/update"] -= timings["time/credit"]
+        self._set_heap_ceiling()
         timings["time/step"] = time.perf_counter() - started
         # CPU seconds of this process (all its threads): on a shared machine, wall time
         # measures the neighbours too; this is what the step itself cost.
