@@ -293,11 +293,11 @@ def token_signals(
     taught = _taught_examples(teacher_rows, len(responses))
     # packed tokens, the taught examples' first: each chunk's teacher rows are a prefix of it
     order = None if len(taught) in (0, len(responses)) else rows.taught_first(taught)
+    taught_teachers = [teachers[b] for b in taught]
     with torch.no_grad():
         teacher_hidden = (_predicting_hidden(
-            backbone, [teachers[b] for b in taught], [responses[b] for b in taught],
-            rows.subset(taught), _share_prompts(share_prompts, [teachers[b] for b in taught],
-                                                requires_grad=False))
+            backbone, taught_teachers, [responses[b] for b in taught], rows.subset(taught),
+            _share_prompts(share_prompts, taught_teachers, requires_grad=False))
             if taught else rows.targets.new_zeros(0, head.in_features, dtype=torch.float32))
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
         student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student,
