@@ -721,9 +721,9 @@ class Trainer:
         """After this process's :data:`HEAP_CEILING_STEP`-th step: the resident set the phases
         may reach before they trim (:meth:`_release_between_phases`)."""
         self._steps_run += 1
-        peak = status_bytes("VmHWM")
-        if self._steps_run == HEAP_CEILING_STEP and peak is not None:
-            self._heap_ceiling = HEAP_GROWTH * peak
+        if self._steps_run == HEAP_CEILING_STEP:
+            peak = status_bytes("VmHWM")
+            self._heap_ceiling = None if peak is None else HEAP_GROWTH * peak
 
     def step(self, step: int) -> tuple[dict[str, Any], StepOutput]:
         """One full training step; returns its metrics record and what it computed."""
