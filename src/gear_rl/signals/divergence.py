@@ -302,6 +302,7 @@ def token_signals(
     with torch.enable_grad() if student_requires_grad else torch.no_grad():
         student_hidden = _predicting_hidden(backbone, students, responses, rows, share_student,
                                             checkpoint_layers and student_requires_grad)
+        _drop_backbone_casts(student_requires_grad)
         targets = rows.targets
         if order is not None:
             student_hidden, targets = student_hidden[order], targets[order]
@@ -369,6 +370,7 @@ def response_logprobs(
     with torch.enable_grad() if requires_grad else torch.no_grad():
         hidden = _predicting_hidden(backbone, prompts, responses, rows, share,
                                     checkpoint_layers and requires_grad)
+        _drop_backbone_casts(requires_grad)
         entropy_grad = _part_grad(entropy_requires_grad, requires_grad)
         logprobs, entropy = (rows.scatter(packed) for packed in _chunked(
             _chunk_scores, 2, rows.targets, head, (hidden,), (temperature, entropy_grad),
@@ -561,6 +563,24 @@ def _rowwise_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     the fp32 cost (the inputs' casts)."""
     with torch.autocast(device_type=a.device.type, enabled=False):
         return torch.einsum("cv,cv->c", a, b)
+
+
+def _drop_backbone_casts(requires_grad: bool) -> None:
+    """With gradients under autocast: empty autocast's cache of low-precision weight copies once
+    the backbone has run, before the LM-head chunks.
+
+    Autocast keeps the 16-bit copy of every fp32 weight it casts until the outermost autocast
+    block exits, so that a weight read again in the block (the shared-prompt pass's prompt and
+    response passes, the LM-head chunks) is cast once and its gradient flows through one cast.
+    After the backbone's last pass no decoder layer's weight is read again in the pass, and
+    with layers checkpointed nothing else holds their copies: on SmolLM2-135M under bf16
+    autocast 0.21 GB held through the LM-head chunks, which set the tool-math update forward's
+    peak (the trainer then trims the heap before the head, ``runtime.heap_trims``). The LM
+    head's weight is cast only after this (the embedding lookup does not autocast), so its
+    copy is still shared by every chunk: the graph, values and gradients are the same.
+    Without gradients nothing is dropped."""
+    if requires_grad and torch.is_autocast_cache_enabled() and torch._C._is_any_autocast_enabled():
+        torch.clear_autocast_cache()
 
 
 def _log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -123,8 +123,8 @@ HEAP_TRIM_LAYERS = 5  # decoder layers between two heap trims in a gradient pass
 
 
 @contextlib.contextmanager
-def heap_trims(layers: Sequence[torch.nn.Module], every: int = HEAP_TRIM_LAYERS
-               ) -> Iterator[None]:
+def heap_trims(layers: Sequence[torch.nn.Module], every: int = HEAP_TRIM_LAYERS,
+               head: torch.nn.Module | None = None) -> Iterator[None]:
     """Within the block, a forward with gradients through ``layers`` (a model's decoder
     layers) hands the heap's free pages back (:func:`release_free_memory`) after every
     ``every``-th layer, and its backward does the same when it reaches those layers.
@@ -137,12 +137,28 @@ def heap_trims(layers: Sequence[torch.nn.Module], every: int = HEAP_TRIM_LAYERS
     every 5 layers took it to 0.72 GB, every 2 layers to 0.70, and having glibc unmap every
     block above 1 MiB at once to 0.55 GB, but at about half again the update's CPU time in
     page faults (docs/speed.md). A hook on every ``every``-th layer's output; the hooks on
-    the graph's tensors go with the graph."""
+    the graph's tensors go with the graph.
+
+    ``head`` (the LM head): the heap is trimmed also before the head's first call after the
+    layers, in a forward with gradients. Under bf16 autocast the gradient pass has just
+    dropped autocast's bf16 copies of the layers' weights there (``signals.divergence.
+    _drop_backbone_casts``), and the LM-head chunks' ``[C, V]`` buffers do not fit their freed
+    blocks: without the trim their pages stayed resident through the chunks, which set the
+    update forward's peak (a whole 3-step tool-math run on an EPYC with AVX-512 BF16: 4.06 and
+    4.10 GB before, 3.82 and 3.86 GB after, peaks of its second step's update)."""
+    after_layers = [False]  # a layer ran since the head's last trim
+
     def trim(_grad: torch.Tensor) -> None:
         release_free_memory()
 
+    def before_head(_module: torch.nn.Module, _args: Any) -> None:
+        if after_layers[0] and torch.is_grad_enabled():
+            after_layers[0] = False
+            release_free_memory()
+
     def after(index: int) -> Callable[..., None]:
         def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+            after_layers[0] = True
             if index % every or not torch.is_grad_enabled():
                 return
             release_free_memory()
@@ -152,6 +168,8 @@ def heap_trims(layers: Sequence[torch.nn.Module], every: int = HEAP_TRIM_LAYERS
         return hook
 
     handles = [layer.register_forward_hook(after(i)) for i, layer in enumerate(layers)]
+    if head is not None:
+        handles.append(head.register_forward_pre_hook(before_head))
     try:
         yield
     finally:

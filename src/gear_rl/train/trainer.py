@@ -459,7 +459,8 @@ class Trainer:
         layers = getattr(self.model.base_model, "layers", None)
         # without heap reuse: hand free pages back every few layers, forward and backward
         trims: Callable[[], contextlib.AbstractContextManager] = (
-            functools.partial(heap_trims, layers)
+            functools.partial(heap_trims, layers,
+                              head=cast(PreTrainedModel, self.model).get_output_embeddings())
             if not self.runtime.heap_reuse and layers is not None else contextlib.nullcontext)
         if not self.runtime.heap_reuse:  # memory first: the sampler's stale copy goes
             self.runtime.release_sampler()
