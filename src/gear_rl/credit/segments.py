@@ -364,9 +364,14 @@ def _gear_pair(first, second, divergence, entropy, mask, advantages, segmentatio
         return
     end0 = end0 if live0 else 0
     end1 = end1 if live1 else 0
-    sum0, sum1 = _blocks_pair(d0, h0, m0, end0, row0, f0, o0, d1, h1, m1, end1, row1, f1, o1,
-                              segmentation, lambda_kl, lambda_h, alpha, beta, onsets,
-                              mean_preserving)
+    if segmentation == 1:  # kl_entropy, the default: a constant, so its branches fold
+        sum0, sum1 = _blocks_pair(d0, h0, m0, end0, row0, f0, o0, d1, h1, m1, end1, row1, f1,
+                                  o1, 1, lambda_kl, lambda_h, alpha, beta, onsets,
+                                  mean_preserving)
+    else:
+        sum0, sum1 = _blocks_pair(d0, h0, m0, end0, row0, f0, o0, d1, h1, m1, end1, row1, f1,
+                                  o1, segmentation, lambda_kl, lambda_h, alpha, beta, onsets,
+                                  mean_preserving)
     if live0:
         _finish_row(m0, end0, count0, a0, sum0, output, mean_preserving, f0, o0)
     if live1:
@@ -721,6 +726,18 @@ def _window_row(drow, hrow, mrow, end, count, row, lambda_kl, lambda_h, window, 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _window_means(hrun, history, means, window):  # pragma: no cover - compiled
+    """:func:`_window_sums`, with the window a compile-time constant when it is the default
+    (8): LLVM then unrolls its offsets and drops the selects of the missing ones. With the
+    window a runtime value the same sums cost about 1.3 elementwise passes more on an AVX2
+    EPYC (``benchmarks/credit_speed.py``, docs/speed.md); the values are the same."""
+    if window == 8:
+        _window_sums(hrun, history, means, 8)
+    else:
+        _window_sums(hrun, history, means, window)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _window_sums(hrun, history, means, window):  # pragma: no cover - compiled
     """``means[i]``: the mean of the ``window`` policy entropies ending at token ``i`` of a run,
     summed oldest first. ``history[:window - 1]`` holds the ``window - 1`` policy entropies
     before the run (zeros at the row's start, never read there: the scan uses a mean only once
