@@ -10,8 +10,9 @@ How the kernel works (``benchmarks/credit_speed.py`` measures it in elementwise 
 1. One vectorised pass over a row checks every value (finite divergence and entropy, mask 0/1)
    and takes the min/max of divergence and entropy over policy tokens, the policy count and the
    position after the last policy token (``end``). Min and max are taken on order-preserving
-   integer keys of the floats (:func:`_order_key`), which vectorise without fast-math and are
-   exact. Tokens from ``end`` on are padding: their outputs are written as 0 / -1 directly.
+   integer keys of the floats (:func:`_narrow_key`: int32 for float32 rows, since AVX2 has no
+   64-bit integer min/max), which vectorise without fast-math and are exact. Tokens from
+   ``end`` on are padding: their outputs are written as 0 / -1 directly.
 2. Every mode but ``entropy_window`` then runs in blocks of :data:`BLOCK` tokens:
 
    a. *prepare* (vectorised): ``n_t`` in float64 as before, the onset test, and integer keys of
@@ -64,7 +65,6 @@ STATUS_OK, STATUS_DIVERGENCE, STATUS_ENTROPY, STATUS_MASK = 0, 1, 2, 3
 RANGE_EPS = 1e-8  # docs/design.md step 3: a range below this normalises to 0
 BLOCK = 1024  # tokens per block of the kl-family scan: its buffers (4 x 8 KiB) stay in L1
 NONE = np.int64(-(2**63))  # scan state "outside a segment"; below the key of every number
-_KEY_MAX = np.int64(2**63 - 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,16 +192,51 @@ def _order_key(typingctx, x):  # pragma: no cover - compiled
 
 
 @_llvm
+def _narrow_key(typingctx, x):  # pragma: no cover - compiled
+    """:func:`_order_key` in the float's own width: int32 for a float32 (eight to an AVX2
+    register, with native min/max: AVX2 has no 64-bit integer min/max), int64 for a float64."""
+    if x not in (types.float32, types.float64):
+        return None
+    width = x.bitwidth
+    kind = types.int32 if width == 32 else types.int64
+
+    def codegen(context, builder, signature, args):
+        ity = ir.IntType(width)
+        bits = builder.bitcast(args[0], ity)
+        flip = builder.lshr(builder.ashr(bits, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
+        return builder.xor(bits, flip)
+    return kind(x), codegen
+
+
+@_llvm
+def _key_limit(typingctx, row, top):  # pragma: no cover - compiled
+    """The largest (``top``, a compile-time bool) or smallest key of :func:`_narrow_key`'s
+    type for the float array ``row`` (the start of a min or max over its keys)."""
+    if (not isinstance(row, types.Array) or row.dtype not in (types.float32, types.float64)
+            or not isinstance(top, types.BooleanLiteral)):
+        return None
+    width = row.dtype.bitwidth
+    kind = types.int32 if width == 32 else types.int64
+    value = 2 ** (width - 1) - 1 if top.literal_value else -(2 ** (width - 1))
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(ir.IntType(width), value)
+    return kind(row, top), codegen
+
+
+@_llvm
 def _key_value(typingctx, key, like):  # pragma: no cover - compiled
-    """The number (as float64) whose :func:`_order_key` is ``key``; ``like`` is any value of the
-    float type the key was made from."""
-    if key != types.int64 or like not in (types.float32, types.float64):
+    """The number (as float64) whose :func:`_order_key` (or :func:`_narrow_key`) is ``key``;
+    ``like`` is any value of the float type the key was made from."""
+    if key not in (types.int32, types.int64) or like not in (types.float32, types.float64):
+        return None
+    if key.bitwidth < like.bitwidth:
         return None
     width = like.bitwidth
 
     def codegen(context, builder, signature, args):
         ity = ir.IntType(width)
-        k = builder.trunc(args[0], ity) if width < 64 else args[0]
+        k = builder.trunc(args[0], ity) if width < key.bitwidth else args[0]
         flip = builder.lshr(builder.ashr(k, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
         value = builder.bitcast(builder.xor(k, flip), context.get_value_type(like))
         return builder.fpext(value, ir.DoubleType()) if width < 64 else value
@@ -252,10 +287,10 @@ def _row_stats(drow, hrow, mrow):  # pragma: no cover - compiled
     """Pass 1 over a row, branch-free (it vectorises): whether it holds a bad value (NaN/inf or
     a mask value other than 0/1), the order keys of the min and max divergence and entropy over
     policy tokens, the policy count and one past the last policy token."""
-    big = _KEY_MAX
-    small = NONE
+    d_big, d_small = _key_limit(drow, True), _key_limit(drow, False)
+    h_big, h_small = _key_limit(hrow, True), _key_limit(hrow, False)
     bad = False
-    d_low, d_high, h_low, h_high = big, small, big, small
+    d_low, d_high, h_low, h_high = d_big, d_small, h_big, h_small
     count = 0
     end = 0
     for t in range(mrow.shape[0]):
@@ -265,12 +300,12 @@ def _row_stats(drow, hrow, mrow):  # pragma: no cover - compiled
         # abs(x) < inf is False exactly for inf and NaN
         bad |= (not (abs(d) < np.inf)) | (not (abs(h) < np.inf)) | ((m != 0) & (m != 1))
         policy = m != 0
-        d_key = _order_key(d)
-        h_key = _order_key(h)
-        d_low = min(d_low, d_key if policy else big)
-        d_high = max(d_high, d_key if policy else small)
-        h_low = min(h_low, h_key if policy else big)
-        h_high = max(h_high, h_key if policy else small)
+        d_key = _narrow_key(d)
+        h_key = _narrow_key(h)
+        d_low = min(d_low, d_key if policy else d_big)
+        d_high = max(d_high, d_key if policy else d_small)
+        h_low = min(h_low, h_key if policy else h_big)
+        h_high = max(h_high, h_key if policy else h_small)
         count += policy
         end = max(end, t + 1 if policy else 0)
     return bad, d_low, d_high, h_low, h_high, count, end
