@@ -173,6 +173,20 @@ def _select(typingctx, cond, a, b):  # pragma: no cover - compiled
     return a(cond, a, b), codegen
 
 
+def _flip_negative(builder: Any, bits: Any) -> Any:
+    """LLVM IR: an integer's bits with the magnitude bits flipped when the sign bit is set,
+    the map between a float's bits and its order key (it is its own inverse)."""
+    width = bits.type.width
+    ity = ir.IntType(width)
+    flip = builder.lshr(builder.ashr(bits, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
+    return builder.xor(bits, flip)
+
+
+def _key_type(width: int) -> Any:
+    """The integer type of :func:`_narrow_key` for a float of ``width`` bits."""
+    return types.int32 if width == 32 else types.int64
+
+
 @_llvm
 def _order_key(typingctx, x):  # pragma: no cover - compiled
     """int64 key of a float32/float64 ``x``: ``key(x) < key(y)`` exactly when ``x < y``, for
@@ -183,10 +197,7 @@ def _order_key(typingctx, x):  # pragma: no cover - compiled
     width = x.bitwidth
 
     def codegen(context, builder, signature, args):
-        ity = ir.IntType(width)
-        bits = builder.bitcast(args[0], ity)
-        flip = builder.lshr(builder.ashr(bits, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
-        key = builder.xor(bits, flip)
+        key = _flip_negative(builder, builder.bitcast(args[0], ir.IntType(width)))
         return builder.sext(key, ir.IntType(64)) if width < 64 else key
     return types.int64(x), codegen
 
@@ -198,14 +209,10 @@ def _narrow_key(typingctx, x):  # pragma: no cover - compiled
     if x not in (types.float32, types.float64):
         return None
     width = x.bitwidth
-    kind = types.int32 if width == 32 else types.int64
 
     def codegen(context, builder, signature, args):
-        ity = ir.IntType(width)
-        bits = builder.bitcast(args[0], ity)
-        flip = builder.lshr(builder.ashr(bits, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
-        return builder.xor(bits, flip)
-    return kind(x), codegen
+        return _flip_negative(builder, builder.bitcast(args[0], ir.IntType(width)))
+    return _key_type(width)(x), codegen
 
 
 @_llvm
@@ -216,12 +223,11 @@ def _key_limit(typingctx, row, top):  # pragma: no cover - compiled
             or not isinstance(top, types.BooleanLiteral)):
         return None
     width = row.dtype.bitwidth
-    kind = types.int32 if width == 32 else types.int64
     value = 2 ** (width - 1) - 1 if top.literal_value else -(2 ** (width - 1))
 
     def codegen(context, builder, signature, args):
         return ir.Constant(ir.IntType(width), value)
-    return kind(row, top), codegen
+    return _key_type(width)(row, top), codegen
 
 
 @_llvm
@@ -235,10 +241,8 @@ def _key_value(typingctx, key, like):  # pragma: no cover - compiled
     width = like.bitwidth
 
     def codegen(context, builder, signature, args):
-        ity = ir.IntType(width)
-        k = builder.trunc(args[0], ity) if width < key.bitwidth else args[0]
-        flip = builder.lshr(builder.ashr(k, ir.Constant(ity, width - 1)), ir.Constant(ity, 1))
-        value = builder.bitcast(builder.xor(k, flip), context.get_value_type(like))
+        k = builder.trunc(args[0], ir.IntType(width)) if width < key.bitwidth else args[0]
+        value = builder.bitcast(_flip_negative(builder, k), context.get_value_type(like))
         return builder.fpext(value, ir.DoubleType()) if width < 64 else value
     return types.float64(key, like), codegen
 
