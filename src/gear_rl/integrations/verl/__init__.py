@@ -39,6 +39,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from gear_rl.integrations.verl.cpu import register_platform
 from gear_rl.integrations.verl.estimators import (
     METRIC_PREFIX,
     RENAME_PREFIX,
@@ -162,6 +163,7 @@ def register() -> list[str]:
     """Register the estimators (now), the trainer modes (now or on import of verl's v1
     trainer), then the ``GEAR_RL_PLUGINS`` estimators. Idempotent; runs when this module is
     imported. Returns the verl names of the registered estimators."""
+    register_platform()
     register_estimators()
     register_trainer_modes()
     load_env_plugins()

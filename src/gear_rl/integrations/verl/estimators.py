@@ -123,6 +123,10 @@ class VerlGEARSettings:
             before ``algorithm.adv_estimator`` is resolved: estimators defined outside gear-rl.
         teacher_prompt: placement and wording of the hint (``TeacherPromptConfig``'s fields,
             ``placement`` and ``*_template``, as keys).
+        dump_dir: where the ``gear`` trainer mode writes, at every step, what its advantage step
+            read and what verl wrote back (``step-<N>.pt``: rewards, uids, response mask,
+            entropy, old and teacher log-probs, advantages), to check or debug the credit
+            offline; ``None`` (default) writes nothing.
     """
 
     estimator: Estimator
@@ -132,6 +136,7 @@ class VerlGEARSettings:
     reference_kind: str = "answer"
     plugins: tuple[str, ...] = ()
     teacher_prompt: TeacherPromptConfig = field(default_factory=TeacherPromptConfig)
+    dump_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.divergence not in SAMPLED_TOKEN_ESTIMATORS:
@@ -145,6 +150,9 @@ class VerlGEARSettings:
                 f"algorithm.gear.reference_key must be a dotted path like "
                 f"'reward_model.ground_truth', got {key!r}"
             )
+        if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir):
+            raise ValueError(f"algorithm.gear.dump_dir must be a directory path or null, "
+                             f"got {self.dump_dir!r}")
         if self.reference_kind not in REFERENCE_KINDS:
             raise ValueError(
                 f"algorithm.gear.reference_kind must be one of {REFERENCE_KINDS}, "

@@ -28,7 +28,9 @@ that window.
 
 from __future__ import annotations
 
+import io
 import logging
+from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
@@ -62,6 +64,7 @@ from gear_rl.integrations.verl.estimators import (
     settings_from_algorithm,
     signals_from_logprobs,
 )
+from gear_rl.rundir import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -98,16 +101,47 @@ class GEARTrainerMixin:
     # ------------------------------------------------------------------ advantage step
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         settings = self.gear_settings
+        signals = None
         if settings is None or not settings.estimator.needs:
-            return super()._compute_advantage(batch, metrics)  # type: ignore[misc]
-        if settings.needs_teacher:
-            with marked_timer("gear_teacher", getattr(self, "timing_raw", {}), color="purple"):
-                self._compute_gear_teacher_log_prob(batch, metrics)
-        signals = self._fetch_gear_signals(batch)
-        with provide_signals(signals):
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
-        metrics.update(signals.metrics)
+        else:
+            if settings.needs_teacher:
+                with marked_timer("gear_teacher", getattr(self, "timing_raw", {}),
+                                  color="purple"):
+                    self._compute_gear_teacher_log_prob(batch, metrics)
+            signals = self._fetch_gear_signals(batch)
+            with provide_signals(signals):
+                batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
+            metrics.update(signals.metrics)
+        if settings is not None and settings.dump_dir is not None:
+            self._dump_gear_step(batch, signals, settings.dump_dir)
         return batch
+
+    def _dump_gear_step(self, batch: KVBatchMeta, signals: VerlSignals | None,
+                        dump_dir: str) -> None:
+        """``algorithm.gear.dump_dir``: what the advantage step read and the advantages verl
+        wrote back for the actor's update, all ``[B, T]`` padded as verl pads them, to
+        ``<dump_dir>/step-<N>.pt`` (written atomically)."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["uid", "response_mask", "rm_scores", "advantages"])
+        padded = data.to_padded_tensor()
+        record: dict[str, Any] = {
+            "estimator": str(getattr(self.config.algorithm.adv_estimator, "value",
+                                     self.config.algorithm.adv_estimator)),
+            "uid": [str(u) for u in padded["uid"].tolist()],
+            "response_mask": padded["response_mask"].cpu(),
+            "token_level_scores": padded["rm_scores"].float().cpu(),
+            "advantages": padded["advantages"].float().cpu(),
+        }
+        if signals is not None:
+            for name in ("entropy", "student_logprobs", "teacher_logprobs", "divergence"):
+                value = getattr(signals, name)
+                if value is not None:
+                    record[name] = value.cpu()
+        step = int(getattr(self, "global_steps", 0))
+        buffer = io.BytesIO()
+        torch.save(record, buffer)
+        atomic_write_bytes(Path(dump_dir) / f"step-{step:04d}.pt", buffer.getvalue())
 
     def _fetch_gear_signals(self, batch: KVBatchMeta) -> VerlSignals:
         """Entropy, old log-probs and (if run) teacher log-probs of ``batch``, padded ``[B, T]``
