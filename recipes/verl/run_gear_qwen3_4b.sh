@@ -6,14 +6,18 @@
 #   SETTING=toolrl bash recipes/verl/run_gear_qwen3_4b.sh            # ToolRL tool calling
 #   SETTING=math   bash recipes/verl/run_gear_qwen3_4b.sh algorithm.adv_estimator=gear_rl_grpo
 #
-# Data: verl-format parquet (prompt as chat messages, reward_model.ground_truth), see README.md.
+# Data: verl-format parquet (prompt as chat messages, reward_model.ground_truth), see README.md;
+# `python -m gear_rl.integrations.verl.data SETTING SRC OUT_DIR` writes it from GSM8K / MATH /
+# ToolRL files. On a CPU: scripts/verl_cpu.sh runs this script scaled down.
 # GEAR_DATA (default ~/data/gear) holds <setting>/train.parquet and <setting>/test.parquet.
 # GPUs: one node of 8 by default (NNODES, GPUS_PER_NODE to change).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 setting="${SETTING:-math}"
 data="${GEAR_DATA:-$HOME/data/gear}"
-python -c "import gear_rl.integrations.verl" \
+# gear-rl's reward functions for verl (math-verify as `gear-rl train` scores, ToolRL's format +
+# correctness): compute_score picks by data_source. REWARD_FN / REWARD_NAME to use your own.
+gear_rewards="$(python -c "import gear_rl.integrations.verl.rewards as m; print(m.__file__)")" \
   || { echo "gear-rl (with the verl extra) must be installed: pip install 'gear-rl[verl]'" >&2; exit 1; }
 
 common=(
@@ -23,6 +27,8 @@ common=(
   "trainer.nnodes=${NNODES:-1}"
   "trainer.n_gpus_per_node=${GPUS_PER_NODE:-8}"
   "trainer.experiment_name=gear_qwen3_4b_$setting"
+  "reward.custom_reward_function.path=${REWARD_FN:-$gear_rewards}"
+  "reward.custom_reward_function.name=${REWARD_NAME:-compute_score}"
 )
 case "$setting" in
   math)
@@ -31,25 +37,25 @@ case "$setting" in
   tir)
     # Multi-turn rollouts with a code tool: tool output lands in the response with
     # response_mask 0, so it stays in the context (student and teacher) and out of the loss
-    # and of GEAR's normalisation. TOOL_CONFIG: a verl tool config (e.g. a sandbox code tool).
+    # and of GEAR's normalisation. TOOL_CONFIG: a verl tool config; default gear-rl's sandboxed
+    # Python tool (python_tool.yaml: gear_rl.integrations.verl.tools.PythonSandboxTool).
     extra=(
       "actor_rollout_ref.rollout.multi_turn.enable=true"
       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=${MAX_TURNS:-5}"
-      "actor_rollout_ref.rollout.multi_turn.tool_config_path=${TOOL_CONFIG:?set TOOL_CONFIG to a verl tool config yaml}"
+      "actor_rollout_ref.rollout.multi_turn.tool_config_path=${TOOL_CONFIG:-$here/python_tool.yaml}"
       "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"
       "algorithm.gear.reference_kind=answer"
     )
     ;;
   toolrl)
-    # The reference is the gold tool call(s) (JSON-encoded when not a string), shown as a hint.
+    # The reference shown as a hint is the gold <tool_call> block (gear_rl.integrations.verl.data
+    # writes it to extra_info.reference, as gear-rl train shows it); the reward reads the whole
+    # gold output (reward_model.ground_truth) for ToolRL's format check.
     extra=(
       "algorithm.gear.reference_kind=tool_call"
-      "algorithm.gear.reference_key=${REFERENCE_KEY:-reward_model.ground_truth}"
+      "algorithm.gear.reference_key=${REFERENCE_KEY:-extra_info.reference}"
       "data.max_response_length=${MAX_RESPONSE_LENGTH:-1024}"
     )
-    if [ -n "${REWARD_FN:-}" ]; then
-      extra+=("reward.custom_reward_function.path=$REWARD_FN")
-    fi
     ;;
   *)
     echo "SETTING must be math, tir or toolrl, got $setting" >&2

@@ -41,7 +41,7 @@ def keep_weights(original: Any) -> Any:
         weight = getattr(layer, "weight", None)
         if weight is None or weight.is_meta or weight.ndim != 2:
             return original(layer, remove_weight)
-        layer.cpu_linear = _linear
+        layer.cpu_linear = _linear  # type: ignore[assignment]
         return None
 
     dispatch._gear_rl_keeps_weights = True  # type: ignore[attr-defined]

@@ -57,7 +57,8 @@ CPU_ENV: dict[str, str] = {
 
 def cpu_overrides(*, n_ranks: int = 1) -> list[str]:
     """The Hydra overrides a verl 0.9.1 job needs on a CPU with ``n_ranks`` FSDP ranks, each named
-    with the verl or vLLM behaviour it answers (docs/verl.md, "verl on a CPU")."""
+    with the verl or vLLM behaviour it answers (docs/verl.md, "verl on a CPU"). Keys outside
+    verl's schema use ``++`` (add or override), so a later override of the same key wins."""
     if n_ranks < 1:
         raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
     return [
@@ -66,17 +67,21 @@ def cpu_overrides(*, n_ranks: int = 1) -> list[str]:
         "ray_kwargs.ray_init.num_cpus=16",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
         # verl's resource pool counts Ray GPUs (single_controller/ray/base.py): logical ones.
-        f"+ray_kwargs.ray_init.num_gpus={n_ranks}",
+        f"++ray_kwargs.ray_init.num_gpus={n_ranks}",
         f"trainer.n_gpus_per_node={n_ranks}",
         "trainer.nnodes=1",
         "trainer.device=cpu",
         # FlashAttention2 is verl's default (workers/config/model.py:185).
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         # FSDP1 always asks for an accelerator (workers/engine/fsdp/transformer_impl.py:437).
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
+        # Memory on a 2-core, 24 GB machine: verl starts 8 agent-loop workers and 8 data-loader
+        # processes by default, each importing torch and verl (0.5-1 GB apiece).
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "data.dataloader_num_workers=0",
         # vLLM-CPU has no sleep mode.
-        "+actor_rollout_ref.rollout.enable_sleep_mode=False",
+        "++actor_rollout_ref.rollout.enable_sleep_mode=False",
         "actor_rollout_ref.rollout.free_cache_engine=False",
     ]
 
