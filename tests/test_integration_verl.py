@@ -2,7 +2,7 @@
 ``DataProto``, the plugin entry point after a plain ``import verl``, and the teacher inputs.
 
 The trainer-mode tests need verl's v1 trainer, which imports hydra (antlr 4.9, clashing with this
-env's antlr 4.13): they are in test_integration_verl_trainer.py and run in .venv/verl-overlay.
+env's antlr 4.13): they are in test_integration_verl_trainer.py and run in .venv/verl-cpu.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The ``gear`` trainer modes inside verl 0.9.1's v1 trainer.
 
 verl's v1 trainer imports hydra, whose grammar needs antlr 4.9 (the main .venv holds 4.13 for
-math-verify), so this file runs in the overlay env that scripts/setup_integrations.sh builds:
+math-verify), so this file runs in the verl environment that scripts/setup_verl_cpu.sh builds:
 
-    .venv/verl-overlay/bin/python -m pytest tests/test_integration_verl_trainer.py
+    .venv/verl-cpu/bin/python -m pytest tests/test_integration_verl_trainer.py
 
-and skips elsewhere. No GPU, Ray cluster or TransferQueue service: the trainer's real verl code
-runs against an in-memory stand-in for TransferQueue's kv calls and an actor whose
-``compute_log_prob`` follows the engine's contract with a tiny random model.
+and skips elsewhere. No Ray cluster or TransferQueue service: the trainer's real verl code runs
+against an in-memory stand-in for TransferQueue's kv calls and an actor whose
+``compute_log_prob`` follows the engine's contract with a tiny random model, which pins the
+contract cheaply; tests/test_verl_cpu_job.py runs the same trainer mode in a real verl job.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ try:
     import hydra  # noqa: F401
     import verl.trainer.ppo.v1 as verl_v1
 except Exception as err:
-    pytest.skip(f"verl's v1 trainer does not import here ({err!r}); run in .venv/verl-overlay",
+    pytest.skip(f"verl's v1 trainer does not import here ({err!r}); run in .venv/verl-cpu",
                 allow_module_level=True)
 
 import verl

@@ -252,7 +252,7 @@ def test_verl_reward_manager_scores_and_logs_through_the_function():
     """verl 0.9.1's naive reward manager end to end: decode, call (in its executor thread),
     score and the logged extras."""
     pytest.importorskip("aiohttp", reason="verl's reward loop needs aiohttp "
-                                          "(installed in .venv/verl-overlay)")
+                                          "(installed in .venv/verl-cpu)")
     import torch
     from verl import DataProto
     from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager

@@ -55,13 +55,28 @@ CPU_ENV: dict[str, str] = {
 """The environment a verl job needs on a CPU, every variable verl's or vLLM's own switch."""
 
 
-def cpu_overrides(*, n_ranks: int = 1) -> list[str]:
+PRECISIONS = ("fp32", "bf16")
+
+
+def cpu_overrides(*, n_ranks: int = 1, precision: str = "fp32") -> list[str]:
     """The Hydra overrides a verl 0.9.1 job needs on a CPU with ``n_ranks`` FSDP ranks, each named
     with the verl or vLLM behaviour it answers (docs/verl.md, "verl on a CPU"). Keys outside
     verl's schema use ``++`` (add or override), so a later override of the same key wins."""
     if n_ranks < 1:
         raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
-    return [
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    # verl computes the actor in bf16 (FSDP mixed precision) and vLLM samples in bf16 by
+    # default. fp32 (the default here) runs on every CPU (bf16 is emulated, several times
+    # slower, without AVX-512 BF16 / AMX) and keeps vLLM's and the actor's probabilities of
+    # the same tokens within 1e-4 even for peaked policies; in bf16 they were 0.1 apart on the
+    # tir smoke model (an AMX Xeon).
+    dtypes = [] if precision == "bf16" else [
+        "actor_rollout_ref.rollout.dtype=float32",
+        "++actor_rollout_ref.actor.fsdp_config.mixed_precision="
+        "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+    ]
+    return [*dtypes,
         # TransferQueue's controller and its storage units each take a Ray CPU: with the real
         # 2 cores the job waits for them forever. Ray CPUs are logical; 16 is enough.
         "ray_kwargs.ray_init.num_cpus=16",
@@ -140,9 +155,11 @@ class _CPUDeviceModule(ModuleType):
 
     memory_reserved = memory_allocated
 
-    @staticmethod
-    def max_memory_allocated(device: Any = None) -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    @classmethod
+    def max_memory_allocated(cls, device: Any = None) -> int:
+        # the kernel's peak (KiB), at least what statm counts now (it rounds differently)
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return max(peak, cls.memory_allocated())
 
     max_memory_reserved = max_memory_allocated
 

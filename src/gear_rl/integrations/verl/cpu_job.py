@@ -21,7 +21,8 @@ this module adds is only what a CPU needs and what the recipe leaves to the user
 
 Settings (``SETTING=math|tir|toolrl``, as the recipe's script): ``math`` single-turn math,
 ``tir`` math with the Python tool (verl's ``tool_agent`` loop, gear-rl's sandbox as the tool),
-``toolrl`` function calling with the ToolRL reward.
+``toolrl`` function calling with the ToolRL reward. ``GEAR_RL_VERL_PRECISION`` is ``fp32`` (the
+default) or ``bf16`` (verl's own default: fast only with AVX-512 BF16 / AMX).
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def small_overrides(*, n_ranks: int, tiny: bool, setting: str = "math") -> list[
         extra.append("reward.custom_reward_function.name=digit_share_reward")
     return [*extra,
         "data.train_batch_size=4",
-        "data.max_prompt_length=512",
+        f"data.max_prompt_length={1024 if setting == 'toolrl' else 512}",  # tools' schemas
         f"data.max_response_length={response}",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.temperature=1.0",
@@ -265,7 +266,8 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
         link.symlink_to(data_dir.name)
     python = python or sys.executable
     env["PATH"] = f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}"
-    ours = [*cpu_overrides(n_ranks=n_ranks),
+    precision = os.environ.get("GEAR_RL_VERL_PRECISION", "fp32")
+    ours = [*cpu_overrides(n_ranks=n_ranks, precision=precision),
             *small_overrides(n_ranks=n_ranks, tiny=tiny, setting=setting),
             f"trainer.default_local_dir={workdir}/checkpoints",
             "trainer.project_name=gear_rl_cpu", f"trainer.experiment_name={setting}"]
