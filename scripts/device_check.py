@@ -14,7 +14,6 @@ Subcommands (the first is the default, so ``device_check.py --device cpu`` runs 
 - ``train-metrics RUN_DIR``: check (a)'s verdict on one ``gear-rl train`` run directory.
 - ``verl-data DIR``: check (c)'s few rows of verl-layout parquet.
 - ``verl-log LOG``: check (c)'s verdict from the verl job's console log.
-- ``requirements PYPROJECT``: gear-rl's requirements for the verl + vLLM environment.
 
 Tolerances of ``signals`` (fp32 on both devices, TF32 off):
 
@@ -42,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -406,9 +404,6 @@ def verl_data(args: argparse.Namespace) -> int:
     return 0
 
 
-STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
-
-
 def verl_log(args: argparse.Namespace) -> int:
     """PASS if the console log holds metric lines for steps 1..N, each with finite ``gear/``
     metrics; prints s/step (``timing_s/step``) and a few GEAR diagnostics."""
@@ -417,17 +412,9 @@ def verl_log(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"FAIL  {args.label}: no log ({exc})")
         return 1
-    steps: dict[int, dict[str, str]] = {}
-    for line in text.splitlines():
-        match = STEP_LINE.search(line)
-        if not match:
-            continue
-        fields = {}
-        for part in match.group(2).split(" - "):
-            key, sep, value = part.rpartition(":")
-            if sep:
-                fields[key.strip()] = value.strip()
-        steps[int(match.group(1))] = fields
+    from gear_rl.integrations.verl.cpu_job import console_metrics
+
+    steps = console_metrics(text)
     problems = []
     if sorted(steps) != list(range(1, args.steps + 1)):
         problems.append(f"metric lines for steps {sorted(steps)}, expected 1..{args.steps}")
@@ -437,14 +424,11 @@ def verl_log(args: argparse.Namespace) -> int:
     bad = []
     for step, fields in steps.items():
         for key in gear_keys:
-            try:
-                if not math.isfinite(float(fields.get(key, "nan"))):
-                    bad.append(f"step {step} {key}={fields.get(key)}")
-            except ValueError:
+            if not math.isfinite(fields.get(key, math.nan)):
                 bad.append(f"step {step} {key}={fields.get(key)}")
     if bad:
         problems.append("non-finite or missing: " + ", ".join(bad[:6]))
-    times = [float(f["timing_s/step"]) for f in steps.values() if "timing_s/step" in f]
+    times = [f["timing_s/step"] for f in steps.values() if "timing_s/step" in f]
     detail = [f"{len(gear_keys)} gear/ metrics"]
     if times:
         detail.append(f"{sum(times) / len(times):.2f} s/step mean (timing_s/step: "
@@ -458,26 +442,6 @@ def verl_log(args: argparse.Namespace) -> int:
         print(f"FAIL  {args.label}: {'; '.join(problems)} ({', '.join(detail)})")
         return 1
     print(f"PASS  {args.label}: {', '.join(detail)}")
-    return 0
-
-
-def requirements(args: argparse.Namespace) -> int:
-    """gear-rl's runtime requirements without torch, with math-verify's ANTLR 4.9.3 grammar
-    (hydra-core, which verl's trainer imports, pins antlr4-python3-runtime 4.9; gear-rl's
-    default extra would install 4.13 and break Hydra's override parser)."""
-    try:
-        import tomllib as toml
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as toml  # type: ignore[no-redef]
-        except ImportError:
-            from pip._vendor import tomli as toml  # type: ignore[no-redef]
-    with open(args.pyproject, "rb") as handle:
-        deps = toml.load(handle)["project"]["dependencies"]
-    for dep in deps:
-        if re.match(r"torch\b", dep):
-            continue
-        print(re.sub(r"^math-verify\[antlr4_13_2\]", "math-verify[antlr4_9_3]", dep))
     return 0
 
 
@@ -513,9 +477,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--label", default="(c) verl main_ppo")
     p.set_defaults(fn=verl_log)
 
-    p = sub.add_parser("requirements", help="gear-rl's requirements for the verl GPU env")
-    p.add_argument("pyproject")
-    p.set_defaults(fn=requirements)
 
     args_list = list(sys.argv[1:] if argv is None else argv)
     if not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help")):

@@ -210,7 +210,7 @@ build_verl_env() {  # builds .venv/verl-gpu, logging to $1; fails at the first f
     && "$env_py" -m pip install "${verl_pkgs[@]}" \
     && "$env_py" -m pip freeze | grep -iE '^(torch|vllm|transformers|numpy|verl)==' \
       > "$env_dir/constraints.txt" \
-    && "$env_py" "$helper" requirements "$repo_root/pyproject.toml" \
+    && "$env_py" "$repo_root/scripts/verl_requirements.py" "$repo_root/pyproject.toml" \
       > "$env_dir/gear-rl-requirements.txt" \
     && "$env_py" -m pip install -c "$env_dir/constraints.txt" \
       -r "$env_dir/gear-rl-requirements.txt" \
@@ -258,7 +258,7 @@ if want c; then
       echo "# build .venv/verl-gpu once (skipped while its stamp matches):"
       show "${PYTHON:-python3}" -m venv .venv/verl-gpu
       echo "+ .venv/verl-gpu/bin/python -m pip install $verl_spec"
-      echo "+ .venv/verl-gpu/bin/python -m pip install -c <its torch/vllm/transformers/numpy/verl pins> -r <$helper requirements pyproject.toml>"
+      echo "+ .venv/verl-gpu/bin/python -m pip install -c <its torch/vllm/transformers/numpy/verl pins> -r <scripts/verl_requirements.py pyproject.toml>"
       echo "+ .venv/verl-gpu/bin/python -m pip install --no-deps -e ."
     fi
     show "${data_cmd[@]}"

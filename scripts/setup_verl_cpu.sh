@@ -30,7 +30,8 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 verl_env="$repo_root/.venv/verl-cpu"
 python_bin="${PYTHON:-python3}"
 torch_req="${GEAR_RL_TORCH:-torch==2.13.0}"
-stamp="$(cat "$repo_root/scripts/setup_verl_cpu.sh" "$repo_root/pyproject.toml"; echo "$torch_req")"
+stamp="$(cat "$repo_root/scripts/setup_verl_cpu.sh" "$repo_root/scripts/verl_requirements.py" \
+  "$repo_root/pyproject.toml"; echo "$torch_req")"
 stamp="$(printf '%s' "$stamp" | sha256sum | cut -c1-16)"
 py="$verl_env/bin/python"
 if [ "$(cat "$verl_env/.gear-rl-stamp" 2>/dev/null)" != "$stamp" ] || [ ! -x "$py" ]; then
@@ -44,18 +45,8 @@ if [ "$(cat "$verl_env/.gear-rl-stamp" 2>/dev/null)" != "$stamp" ] || [ ! -x "$p
   "$py" -c 'from importlib.metadata import version; print("torch==" + version("torch"))' \
     > "$constraints"
   # gear-rl's own requirements (pyproject.toml), with math-verify's antlr 4.9.3 grammar.
-  "$py" - "$repo_root/pyproject.toml" > "$verl_env/gear-rl-requirements.txt" <<'EOF'
-import re, sys
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
-deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
-for dep in deps:
-    if dep.startswith("torch"):
-        continue
-    print(re.sub(r"^math-verify\[antlr4_13_2\]", "math-verify[antlr4_9_3]", dep))
-EOF
+  "$py" "$repo_root/scripts/verl_requirements.py" "$repo_root/pyproject.toml" \
+    > "$verl_env/gear-rl-requirements.txt"
   # verl's own requirements (its METADATA) less wandb (the console logger is the default here)
   # and its tensordict pin; hydra's antlr 4.9.3 and omegaconf 2.3.1; TransferQueue and the
   # v1 trainer's imports; vLLM's requirements less what the header lists.

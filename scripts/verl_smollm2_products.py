@@ -19,7 +19,6 @@ Prints validation accuracy before and after and the median seconds a step spends
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import statistics
@@ -84,17 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = out / "job.log"
     rc = cpu_job.run_job(plan, log_path=log_path)
     log = log_path.read_text()
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = re.search(r"\bstep:(\d+) - (.*)$", line)
-        if match is None:
-            continue
-        values = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.partition(":")
-            with contextlib.suppress(ValueError):
-                values[key.strip()] = float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip()))
-        steps.setdefault(int(match.group(1)), {}).update(values)
+    steps = cpu_job.console_metrics(log)
     val = {step: {k: v for k, v in values.items() if k.startswith("val-core/")}
            for step, values in steps.items()}
     val = {step: v for step, v in val.items() if v}

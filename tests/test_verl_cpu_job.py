@@ -34,7 +34,6 @@ from gear_rl.integrations import vllm_cpu  # noqa: E402
 from gear_rl.integrations.verl import cpu, cpu_job, divergence_from_logprobs  # noqa: E402
 
 JOB_TIMEOUT_S = 900.0
-STEP = re.compile(r"\bstep:(\d+) - (.*)$")
 
 
 # ------------------------------------------------------------------ the workarounds, one by one
@@ -163,12 +162,25 @@ def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path) -> None:
         "data.max_response_length=8"]
     assert plan.env["VERL_PLATFORM"] == "cpu" and plan.env["GPUS_PER_NODE"] == "2"
     assert plan.env["GEAR_MODEL"] == "/some/model"
+    bundled = cpu_job.plan_job(["actor_rollout_ref.model.path=smollm2",
+                                "data.train_files=/x/math/train.parquet"], workdir=tmp_path)
+    paths = [a for a in bundled.command if a.startswith("actor_rollout_ref.model.path=")]
+    assert paths == [f"actor_rollout_ref.model.path={bundled.env['GEAR_MODEL']}"]
+    assert (Path(bundled.env["GEAR_MODEL"]) / "config.json").exists()
     with pytest.raises(ValueError, match="SETTING"):
         cpu_job.plan_job([], setting="chess", workdir=tmp_path)
     with pytest.raises(ValueError, match="Hydra override"):
         cpu_job.plan_job(["trainer.total_training_steps"], workdir=tmp_path)
     with pytest.raises(ValueError, match="integer"):
         cpu_job.plan_job(["trainer.n_gpus_per_node=two"], workdir=tmp_path)
+
+
+def test_console_metrics_reads_verls_step_lines() -> None:
+    log = ("(TaskRunnerV1 pid=1) step:1 - actor/grad_norm:0.5 - num_turns/mean:np.float64(2.5)"
+           " - note:abc\nnoise\n(TaskRunnerV1 pid=1) step:2 - actor/grad_norm:nan\n")
+    metrics = cpu_job.console_metrics(log)
+    assert metrics[1] == {"actor/grad_norm": 0.5, "num_turns/mean": 2.5}
+    assert sorted(metrics) == [1, 2] and math.isnan(metrics[2]["actor/grad_norm"])
 
 
 # ------------------------------------------------------------------ real jobs
@@ -185,25 +197,6 @@ def _shm() -> set[str]:
 def _ray_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if re.search(r"\b(raylet|gcs_server)\b", line)]
-
-
-def _metrics(log: str) -> dict[int, dict[str, float]]:
-    """verl's console metrics, ``step:N - key:value - ...``, by step."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = STEP.search(line)
-        if match is None:
-            continue
-        values = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.partition(":")
-            value = re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip())
-            try:
-                values[key.strip()] = float(value)
-            except ValueError:
-                continue
-        steps[int(match.group(1))] = values
-    return steps
 
 
 def _job(workdir: Path, name: str, overrides: list[str], *, setting: str = "math",
@@ -227,7 +220,7 @@ def _job(workdir: Path, name: str, overrides: list[str], *, setting: str = "math
 
 def _check_run(rc: int, log: str, steps: int = 2) -> dict[int, dict[str, float]]:
     assert rc == 0, log[-6000:]
-    metrics = _metrics(log)
+    metrics = cpu_job.console_metrics(log)
     assert sorted(metrics) == list(range(1, steps + 1)), log[-4000:]
     for step, values in metrics.items():
         assert math.isfinite(values["actor/pg_loss"]), (step, values)
@@ -287,6 +280,12 @@ from gear_rl.credit import TopEntropyConfig, register_estimator
 from gear_rl.credit.token import top_entropy
 register_estimator("env_plugin_credit", config=TopEntropyConfig, needs=("entropy",))(top_entropy)
 """
+PLUGIN_ENTRY_POINT = """\
+from gear_rl.credit.config import OutcomeConfig
+from gear_rl.credit.grpo import broadcast_outcome
+from gear_rl.credit.registry import register_estimator
+register_estimator("entry_point_plugin_credit", config=OutcomeConfig)(broadcast_outcome)
+"""
 PLUGIN_CONFIG = """\
 import json, os
 from gear_rl.credit import GEARConfig, get_estimator, register_estimator
@@ -306,10 +305,17 @@ def config_plugin_credit(batch, config):
 
 @pytest.mark.slow
 def test_plugin_estimators_from_both_paths_in_one_job(workdir, tmp_path) -> None:
-    """``GEAR_RL_PLUGINS`` (every process that imports verl) and ``algorithm.gear.plugins``
-    (the trainer's settings) in one real job; the second one's estimator trains."""
+    """The three ways to load a plugin estimator in one real job: ``GEAR_RL_PLUGINS`` (every
+    process that imports verl), an installed distribution's ``gear_rl.estimators`` entry point,
+    and ``algorithm.gear.plugins`` (the trainer's settings), whose estimator trains."""
     (tmp_path / "env_plugin.py").write_text(PLUGIN_ENV)
     (tmp_path / "config_plugin.py").write_text(PLUGIN_CONFIG)
+    (tmp_path / "entry_point_plugin.py").write_text(PLUGIN_ENTRY_POINT)
+    dist = tmp_path / "entry_point_plugin-0.1.dist-info"  # an installed distribution
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: entry-point-plugin\n"
+                                   "Version: 0.1\n")
+    (dist / "entry_points.txt").write_text("[gear_rl.estimators]\nmine = entry_point_plugin\n")
     marker = tmp_path / "marker"
     marker.mkdir()
     env = {"GEAR_RL_PLUGINS": "env_plugin", "PLUGIN_MARKER_DIR": str(marker),
@@ -324,7 +330,8 @@ def test_plugin_estimators_from_both_paths_in_one_job(workdir, tmp_path) -> None
     assert calls, "the plugin estimator never ran"
     for call in calls:
         names = json.loads(call.read_text())
-        assert {"env_plugin_credit", "config_plugin_credit", "gear"} <= set(names)
+        assert {"env_plugin_credit", "entry_point_plugin_credit", "config_plugin_credit",
+                "gear"} <= set(names)
     _check_dumps(run / "dump", "gear")  # the plugin is GEAR under another name
 
 
@@ -348,7 +355,7 @@ def test_toolrl_setting_scores_with_the_toolrl_reward(workdir) -> None:
     rc, log, run = _job(workdir, "toolrl", ["algorithm.adv_estimator=gear",
                                             "trainer.v1.trainer_mode=gear"], setting="toolrl")
     assert rc == 0, log[-6000:]
-    metrics = _metrics(log)
+    metrics = cpu_job.console_metrics(log)
     assert sorted(metrics) == [1, 2]
     for values in metrics.values():
         assert values["gear/teacher_prompt_no_reference_frac"] == 0.0

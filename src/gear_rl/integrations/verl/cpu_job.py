@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -253,6 +254,9 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
 
         model_path = ensure_smollm2()
         notes.append(f"model: SmolLM2-135M-Instruct (bundled) at {model_path}")
+        overrides = [f"actor_rollout_ref.model.path={model_path}"
+                     if _override_key(o) == "actor_rollout_ref.model.path" else o
+                     for o in overrides]
     else:
         model_path = Path(model)
     env.update(CPU_ENV)
@@ -275,6 +279,25 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
     ours = [o for o in ours if _override_key(o) not in given]
     command = ["bash", str(RECIPE), *ours, *overrides]
     return JobPlan(command=command, env=env, workdir=workdir, setting=setting, notes=notes)
+
+
+_STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
+
+
+def console_metrics(log: str) -> dict[int, dict[str, float]]:
+    """verl's console metrics (``step:N - key:value - ...`` lines) by step; values verl prints
+    as ``np.float64(x)`` are read as ``x``; non-numeric ones are left out."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        match = _STEP_LINE.search(line)
+        if match is None:
+            continue
+        values = steps.setdefault(int(match.group(1)), {})
+        for item in match.group(2).split(" - "):
+            key, _, value = item.partition(":")
+            with contextlib.suppress(ValueError):
+                values[key.strip()] = float(re.sub(r"^np\.\w+\((.*)\)$", r"\1", value.strip()))
+    return steps
 
 
 def _shm_entries() -> set[str]:
