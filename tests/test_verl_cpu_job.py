@@ -153,6 +153,7 @@ def test_vllm_cpu_keeps_linear_weights_only_in_cpu_mode(monkeypatch) -> None:
 def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path) -> None:
     plan = cpu_job.plan_job(["trainer.n_gpus_per_node=2", "data.max_response_length=8",
                              "data.train_files=/x/math/train.parquet",
+                             "data.val_files=/x/math/test.parquet",
                              "actor_rollout_ref.model.path=/some/model"],
                             setting="math", workdir=tmp_path)
     args = plan.command
@@ -163,10 +164,14 @@ def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path) -> None:
     assert plan.env["VERL_PLATFORM"] == "cpu" and plan.env["GPUS_PER_NODE"] == "2"
     assert plan.env["GEAR_MODEL"] == "/some/model"
     bundled = cpu_job.plan_job(["actor_rollout_ref.model.path=smollm2",
-                                "data.train_files=/x/math/train.parquet"], workdir=tmp_path)
+                                "data.train_files=/x/math/train.parquet",
+                                "data.val_files=/x/math/test.parquet"], workdir=tmp_path)
     paths = [a for a in bundled.command if a.startswith("actor_rollout_ref.model.path=")]
     assert paths == [f"actor_rollout_ref.model.path={bundled.env['GEAR_MODEL']}"]
     assert (Path(bundled.env["GEAR_MODEL"]) / "config.json").exists()
+    assert not (Path("/x").exists() or (tmp_path / "math").exists())  # nothing written there
+    with pytest.raises(ValueError, match="val_files"):
+        cpu_job.plan_job(["data.train_files=/x/math/train.parquet"], workdir=tmp_path)
     with pytest.raises(ValueError, match="SETTING"):
         cpu_job.plan_job([], setting="chess", workdir=tmp_path)
     with pytest.raises(ValueError, match="Hydra override"):

@@ -173,16 +173,18 @@ def small_overrides(*, n_ranks: int, tiny: bool, setting: str = "math") -> list[
     extra = []
     if tiny and setting != "toolrl":
         extra.append("reward.custom_reward_function.name=digit_share_reward")
-    return [*extra,
+    micro = max(1, 8 // n_ranks)
+    return [
+        *extra,
         "data.train_batch_size=4",
         f"data.max_prompt_length={1024 if setting == 'toolrl' else 512}",  # tools' schemas
         f"data.max_response_length={response}",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(1, 8 // n_ranks)}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={max(1, 8 // n_ranks)}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={max(1, 8 // n_ranks)}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={micro}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False",
         "reward.num_workers=1",
         "trainer.total_training_steps=3",
@@ -231,14 +233,19 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
     model = _given(overrides, "actor_rollout_ref.model.path")
     tiny = model is None
     env = dict(os.environ)
-    data_dir = workdir / f"data-{setting}"
     train_files = _given(overrides, "data.train_files")
     if train_files is None:
+        data_dir = workdir / f"data-{setting}"
         write_default_data(setting, data_dir)
         train_files = str(data_dir / "train.parquet")
         notes.append(f"data: {data_dir}/{{train,test}}.parquet")
-    else:
-        data_dir = Path(train_files).parent
+        # the recipe reads <GEAR_DATA>/<setting>/{train,test}.parquet; GEAR_DATA is workdir
+        link = workdir / setting
+        if not link.exists():
+            link.symlink_to(data_dir.name)
+    elif _given(overrides, "data.val_files") is None:
+        raise ValueError("data.train_files is given without data.val_files: give both (the "
+                         "recipe would look for a held-out file next to gear-rl's own data)")
     if model is None and setting == "tir":
         from gear_rl.tasks.verl_data import load_rows
 
@@ -261,13 +268,9 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
         model_path = Path(model)
     env.update(CPU_ENV)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
-    env.update(SETTING=setting, GEAR_DATA=str(data_dir.parent), GEAR_MODEL=str(model_path),
+    env.update(SETTING=setting, GEAR_DATA=str(workdir), GEAR_MODEL=str(model_path),
                GPUS_PER_NODE=str(n_ranks), NNODES="1", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    # the recipe looks for <GEAR_DATA>/<setting>/{train,test}.parquet
-    link = data_dir.parent / setting
-    if data_dir.name != setting and not link.exists():
-        link.symlink_to(data_dir.name)
     python = python or sys.executable
     env["PATH"] = f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}"
     precision = os.environ.get("GEAR_RL_VERL_PRECISION", "fp32")
