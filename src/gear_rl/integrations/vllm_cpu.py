@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
 import torch
+
+from gear_rl.integrations.cpu_mode import cpu_mode_requested
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def keep_weights(original: Any) -> Any:
 
 def active() -> bool:
     """gear-rl's CPU mode asked for (``VERL_PLATFORM=cpu``) and vLLM on its CPU platform."""
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() != "cpu":
+    if not cpu_mode_requested():
         return False
     from vllm.platforms import current_platform
 

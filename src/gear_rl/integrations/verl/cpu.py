@@ -40,10 +40,10 @@ from typing import Any
 
 import torch
 
+from gear_rl.integrations.cpu_mode import PLATFORM_ENV, PLATFORM_NAME, cpu_mode_requested
+
 logger = logging.getLogger(__name__)
 
-PLATFORM_NAME = "cpu"
-PLATFORM_ENV = "VERL_PLATFORM"  # verl's own switch (platform_manager._detect_platform_name)
 
 CPU_ENV: dict[str, str] = {
     # verl's platform switch: selects PlatformCPU (registered by gear-rl's verl.plugins entry).
@@ -315,7 +315,7 @@ _PLATFORM_CLASS: type | None = None
 def register_platform() -> bool:
     """Register :class:`PlatformCPU` with verl's ``PlatformRegistry`` under ``cpu`` when
     ``VERL_PLATFORM=cpu`` asks for it. Returns whether it registered; idempotent."""
-    if os.environ.get(PLATFORM_ENV, "").strip().lower() != PLATFORM_NAME:
+    if not cpu_mode_requested():
         return False
     from verl.plugin.platform import PlatformRegistry
 
