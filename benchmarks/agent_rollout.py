@@ -4,7 +4,7 @@ its own turn budget, against decoding every row to the batch's largest budget.
 The agent loop cuts every turn just after its first complete tool call and caps it at what is
 left of its budget; tokens a sampler writes beyond either are thrown away. Before, the trainer's
 ``generate`` decoded every row of a round up to the largest budget of the round (or its end of
-turn); now ``collect`` passes each row's budget and a :class:`~gear_rl.train.rollout.RowStop`
+turn); now ``collect`` passes each row's budget and a :class:`~gear_rl.sampling.RowStop`
 that ends a row once its new tokens hold a complete call (``gear_rl.train.episodes.call_stop``).
 Both run the same loop (``gear_rl.agent.run_agent`` through ``collect``'s agent path), the same
 sandbox and the same seeds; which tokens are drawn differs (rows leave the batch at other steps,
@@ -37,24 +37,25 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from dataclasses import replace
+
 import torch
 
 from _alternate import alternate
+from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.signals import prompt_ids
 from gear_rl.train import episodes, load_config
-from gear_rl.train.rollout import sample_responses
 from gear_rl.train.runtime import build_runtime, rollout_settings
 
 
-def _to_largest_budget(model, *, stop_ids, pad_id, temperature, top_p, generator, batch_size,
-                       row_stop=None, reuse_cache=False):
+def _to_largest_budget(model, sampling: SamplingParams, generator, row_stop=None,
+                       reuse_cache=False):
     """The previous ``generate``: every row of a round decoded to the round's largest budget
     (or its end of turn); ``row_stop`` is ignored, and every turn is prefilled whole (the
     benchmark passes ``reuse_cache=False`` to both engines)."""
     def generate(prompts, stop_strings, budgets):
-        return sample_responses(model, prompts, max_new_tokens=max(budgets), stop_ids=stop_ids,
-                                pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                generator=generator, batch_size=batch_size).response_ids
+        turn = replace(sampling, max_new_tokens=max(budgets), paired_draws=False)
+        return sample_responses(model, prompts, turn, generator=generator).response_ids
     return generate
 
 

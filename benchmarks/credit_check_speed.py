@@ -39,9 +39,9 @@ import torch
 
 from gear_rl.credit_check import sample_from_prefixes
 from gear_rl.models import load_policy
+from gear_rl.sampling import SamplingParams, sample_responses, stop_token_ids
 from gear_rl.signals import prompt_ids
 from gear_rl.tasks import load_task
-from gear_rl.train.rollout import sample_responses, stop_token_ids
 from gear_rl.train.runtime import bf16_is_native, resolve_device
 
 
@@ -85,11 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     prompt = prompt_ids(tokenizer, problem.prompt)
     settings = {"temperature": args.temperature, "top_p": args.top_p}
     generator = torch.Generator(device=device).manual_seed(args.seed)
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, stop_ids=stops, pad_id=pad,
+                              **settings)
     response: list[int] = []
     for _ in range(20):  # a response of some length, as the credit check continues
-        response = sample_responses(model, [prompt], max_new_tokens=args.max_new_tokens,
-                                    stop_ids=stops, pad_id=pad, generator=generator,
-                                    **settings).response_ids[0]
+        response = sample_responses(model, [prompt], sampling,
+                                    generator=generator).response_ids[0]
         if len(response) >= 8:
             break
     prefix = prompt + response

@@ -32,8 +32,8 @@ import torch
 
 from _alternate import alternate
 from _runtime import training_runtime
+from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.signals import prompt_ids
-from gear_rl.train.rollout import sample_responses
 from gear_rl.train.runtime import cpu_model
 
 
@@ -55,10 +55,10 @@ def run(model, runtime, prompts: list[list[int]], new_tokens: int, temperature: 
     """The sampler on ``prompts``, no stop token: rows, wall seconds, CPU seconds."""
     generator = torch.Generator().manual_seed(seed)
     wall, cpu = time.perf_counter(), time.process_time()
-    result = sample_responses(model, prompts, max_new_tokens=new_tokens, stop_ids=[],
-                              pad_id=runtime.pad_id, temperature=temperature,
-                              generator=generator, paired_draws=True, greedy=greedy,
+    sampling = SamplingParams(max_new_tokens=new_tokens, stop_ids=[], pad_id=runtime.pad_id,
+                              temperature=temperature, greedy=greedy, paired_draws=True,
                               fast_attention=fast)
+    result = sample_responses(model, prompts, sampling, generator=generator)
     return result.response_ids, time.perf_counter() - wall, time.process_time() - cpu
 
 

@@ -38,14 +38,13 @@ def _updates(overrides: list[str], path: str, updates: int) -> None:
     try:
         with open(path, "rb") as file:
             batch = pickle.load(file)
-        fused = trainer._fused_mode(batch)
+        fusion = trainer.engine.fusion(batch)
         rows = []
         for step in range(1, updates + 2):
             before = resource.getrusage(resource.RUSAGE_SELF)
             wall = time.perf_counter()
-            scores = trainer.score(batch, student=fused is None)
-            advantages = None if fused == "inline" else trainer.credit(batch, scores, step)
-            trainer.update(batch, scores, advantages, step, fused=fused)
+            scores = trainer.score(batch, fusion)
+            trainer.update(batch, scores, trainer.credit_for_update(batch, scores, step), step)
             after = resource.getrusage(resource.RUSAGE_SELF)
             if step > 1:  # the first is the warm-up
                 rows.append({"wall_s": time.perf_counter() - wall,

@@ -9,7 +9,7 @@ where the CPU computes bf16 natively), ``threads`` torch threads (default 2), an
 
 - ``sample``: ``rollout.temperature`` (1.0) and ``rollout.top_p`` (1.0) for both
   (``generate`` with ``top_k=0``, so both sample the full distribution);
-- ``greedy``: ``sample_responses(greedy=True)`` against ``generate(do_sample=False)``, and a
+- ``greedy``: ``SamplingParams(greedy=True)`` against ``generate(do_sample=False)``, and a
   check that every row is identical token for token up to its first stop token.
 
 Then, untimed (see ``greedy_checks``): greedy in fp32 on the same batch, the bf16 sampler
@@ -43,8 +43,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 
 from _runtime import training_runtime
+from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.signals import prompt_ids
-from gear_rl.train.rollout import sample_responses
 
 
 def _until_stop(rows: list[list[int]], stops: set[int]) -> list[list[int]]:
@@ -84,13 +84,14 @@ def _engines(model, runtime, config, prompts: list[list[int]], greedy: bool):
     sampling = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
                 if greedy else {"do_sample": True, "temperature": rollout.temperature,
                                 "top_p": rollout.top_p, "top_k": 0})
+    ours_sampling = SamplingParams(max_new_tokens=rollout.max_new_tokens, stop_ids=stops,
+                                   pad_id=pad, temperature=rollout.temperature,
+                                   top_p=rollout.top_p, greedy=greedy)
 
     def ours(seed: int) -> list[list[int]]:
         generator = torch.Generator(device=device).manual_seed(seed)
-        return sample_responses(model, prompts, max_new_tokens=rollout.max_new_tokens,
-                                stop_ids=sorted(stops), pad_id=pad,
-                                temperature=rollout.temperature, top_p=rollout.top_p,
-                                generator=generator, greedy=greedy).response_ids
+        return sample_responses(model, prompts, ours_sampling,
+                                generator=generator).response_ids
 
     def theirs(seed: int) -> list[list[int]]:
         torch.manual_seed(seed)

@@ -49,8 +49,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from gear_rl.models import load_policy
+from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.train import Trainer, load_config
-from gear_rl.train.rollout import sample_responses
 
 
 def _useful_tokens(rows: list[list[int]], stops: set[int]) -> int:
@@ -179,14 +179,14 @@ def bench_rollout(trainer: Trainer, repeats: int) -> dict:
         attention[row, width - len(prompt):] = 1
     device = next(model.parameters()).device
     input_ids, attention = input_ids.to(device), attention.to(device)
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, stop_ids=stops,
+                              pad_id=trainer.pad_id, temperature=config.temperature,
+                              top_p=config.top_p)
     ours, theirs = [], []
     for repeat in range(repeats):
         generator = torch.Generator(device=device).manual_seed(repeat)
         started = time.perf_counter()
-        result = sample_responses(model, prompts, max_new_tokens=config.max_new_tokens,
-                                  stop_ids=stops, pad_id=trainer.pad_id,
-                                  temperature=config.temperature, top_p=config.top_p,
-                                  generator=generator)
+        result = sample_responses(model, prompts, sampling, generator=generator)
         seconds = time.perf_counter() - started
         ours.append(result.num_tokens / seconds)
         torch.manual_seed(repeat)

@@ -32,9 +32,9 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from gear_rl.dataclass_config import parse_overrides
 from gear_rl.study import parse_spec, run_study
 from gear_rl.study.runner import machine_info
-from gear_rl.train.config import parse_overrides
 
 BUDGET = {"steps": 2, "eval.size": 16, "eval.k": 2, "eval.at_start": False,
           "log.tensorboard": False, "log.checkpoint_every": 0, "log.samples_per_step": 0}

@@ -1,5 +1,5 @@
 """Multi-turn rollouts reusing each row's KV cache from one turn to the next
-(``agent.reuse_kv_cache``, :class:`~gear_rl.train.rollout.TurnCache`), against prefilling every
+(``agent.reuse_kv_cache``, :class:`~gear_rl.sampling.TurnCache`), against prefilling every
 turn's whole context (the sampler before it; ``agent.reuse_kv_cache=false``).
 
 An environment episode calls the sampler once per move, each time with the episode so far as

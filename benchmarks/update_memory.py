@@ -84,14 +84,14 @@ def _update(overrides: list[str], path: str, trims: bool = True) -> None:
     try:
         with open(path, "rb") as file:
             batch = pickle.load(file)
-        fused = trainer._fused_mode(batch)
-        scores = trainer.score(batch, student=fused is None)
-        advantages = None if fused == "inline" else trainer.credit(batch, scores, 1)
+        fusion = trainer.engine.fusion(batch)
+        scores = trainer.score(batch, fusion)
+        credit = trainer.credit_for_update(batch, scores, 1)
         build_peak = _memory()[0]
         reset_peak()
         before = _memory()[1]
         cpu, wall = time.process_time(), time.perf_counter()
-        trainer.update(batch, scores, advantages, 1, fused=fused)
+        trainer.update(batch, scores, credit, 1)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         peak, after = _memory()
         # a later step's update: the optimiser state (created by the first step) is live
@@ -100,12 +100,13 @@ def _update(overrides: list[str], path: str, trims: bool = True) -> None:
         reset_peak()
         steady_before = _memory()[1]
         steady_cpu = time.process_time()
-        trainer.update(batch, scores, advantages, 2, fused=fused)
+        trainer.update(batch, scores, trainer.credit_for_update(batch, scores, 2), 2)
         steady_cpu = time.process_time() - steady_cpu
         steady_peak = _memory()[0]
-        micro = trainer._micro_batches(batch, list(range(len(batch.response_ids))))
+        micro = trainer.engine.micro_batches(batch, list(range(len(batch.response_ids))))
         print(json.dumps({
-            "checkpoint_layers": trainer.checkpoint_layers, "fused": fused,
+            "checkpoint_layers": trainer.engine.signals.checkpoint_layers,
+            "fused": None if fusion is None else fusion.value,
             "micro_batches": len(micro), "before_gb": round(before, 3),
             "update_peak_gb": round(peak, 3), "after_gb": round(after, 3),
             "update_cpu_s": round(cpu, 2), "update_wall_s": round(wall, 2),

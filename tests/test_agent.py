@@ -13,7 +13,7 @@ from gear_rl.agent import (
     JSON_FORMAT,
     MARKDOWN_PYTHON_FORMAT,
     PYTHON_FORMAT,
-    AgentConfig,
+    AgentLoopConfig,
     PythonExecutor,
     ToolCall,
     ToolCallFormat,
@@ -21,9 +21,9 @@ from gear_rl.agent import (
     format_sandbox_output,
     parse_json_calls,
     parse_turn,
-    rollout_metrics,
     run_agent,
     trajectories_to_tensors,
+    trajectory_metrics,
 )
 from gear_rl.agent.tools import PythonSandbox
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
@@ -116,9 +116,9 @@ def test_format_validation():
         ToolCallFormat(kind="sql", open_tag="<a>", close_tag="</a>",  # type: ignore[arg-type]
                        observation_template="{output}")
     with pytest.raises(ValueError, match="format"):
-        AgentConfig(tool_format="xml")
+        AgentLoopConfig(tool_format="xml")
     with pytest.raises(ValueError, match="max_turns"):
-        AgentConfig(max_turns=0)
+        AgentLoopConfig(max_turns=0)
 
 
 # --- the loop, scripted ---------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_python_tool_round_trip_masks_and_spans(tokenizer, sandbox):
                                f"The answer is 4.{EOS}"],
         "Q2: say hi\n": [f"hi{EOS}"],
     })
-    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentConfig(),
+    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentLoopConfig(),
                              PythonExecutor(sandbox))
     first, second = trajectories
     assert first.finish_reason == "answer" and second.finish_reason == "answer"
@@ -152,7 +152,7 @@ def test_markdown_format_round_trip(tokenizer, sandbox):
     script = Scripted(tokenizer, {"q\n": [
         "Compute it:\n```python\nprint(6 * 7)\n```\nSo the answer", f"42.{EOS}"]})
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
-                             AgentConfig(tool_format="markdown"), PythonExecutor(sandbox))
+                             AgentLoopConfig(tool_format="markdown"), PythonExecutor(sandbox))
     assert trajectory.turns[0].text == "Compute it:\n```python\nprint(6 * 7)\n```"
     assert trajectory.turns[0].observation == "\n```output\n42\n```\n"
     assert trajectory.finish_reason == "answer" and trajectory.num_tool_calls == 1
@@ -164,7 +164,7 @@ def test_tool_errors_and_limits_become_observations(tokenizer, sandbox):
         "slow\n": ["<python>while True: pass</python>", f"gave up{EOS}"],
         "empty\n": ["<python>\n</python>", f"ok{EOS}"],
     })
-    config = AgentConfig(max_observation_tokens=200)
+    config = AgentLoopConfig(max_observation_tokens=200)
     error, slow, empty = run_agent(script.prompt_ids(), script, tokenizer, config,
                                    PythonExecutor(sandbox, timeout_s=0.5))
     assert "ZeroDivisionError: division by zero" in error.turns[0].observation
@@ -178,7 +178,7 @@ def test_tool_errors_and_limits_become_observations(tokenizer, sandbox):
 
 def test_long_output_is_cut_to_the_observation_cap(tokenizer, sandbox):
     script = Scripted(tokenizer, {"p\n": ["<python>print('x' * 5000)</python>", f"done{EOS}"]})
-    config = AgentConfig(max_observation_tokens=50, max_response_tokens=400)
+    config = AgentLoopConfig(max_observation_tokens=50, max_response_tokens=400)
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer, config,
                              PythonExecutor(sandbox))
     observation = trajectory.turns[0].observation
@@ -190,7 +190,7 @@ def test_turn_limit_and_token_budget(tokenizer, sandbox):
     looping = ["<python>print(1)</python>"] * 3
     script = Scripted(tokenizer, {"loop\n": list(looping)})
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
-                             AgentConfig(max_turns=3), PythonExecutor(sandbox))
+                             AgentLoopConfig(max_turns=3), PythonExecutor(sandbox))
     assert trajectory.finish_reason == "max_turns"
     assert trajectory.num_tool_calls == 2  # the call of the last allowed turn is not run
     assert len(trajectory.observation_spans) == 2 and trajectory.turns[-1].observation is None
@@ -198,13 +198,13 @@ def test_turn_limit_and_token_budget(tokenizer, sandbox):
     # budget: 40 tokens; the first turn (25 tokens) and its observation (21) do not both fit
     script = Scripted(tokenizer, {"budget\n": ["<python>print(12345)</python>", "never"]})
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
-                             AgentConfig(max_response_tokens=40), PythonExecutor(sandbox))
+                             AgentLoopConfig(max_response_tokens=40), PythonExecutor(sandbox))
     assert trajectory.finish_reason == "token_budget"
     assert len(trajectory.response_ids) <= 40 and trajectory.observation_spans == []
 
     # a turn cut by the remaining budget in the middle of the text
     script = Scripted(tokenizer, {"long\n": ["<python>print(1)</python>", "a" * 500]})
-    config = AgentConfig(max_response_tokens=60, max_new_tokens_per_turn=100)
+    config = AgentLoopConfig(max_response_tokens=60, max_new_tokens_per_turn=100)
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer, config,
                              PythonExecutor(sandbox))
     assert trajectory.finish_reason == "length" and len(trajectory.response_ids) == 60
@@ -213,7 +213,7 @@ def test_turn_limit_and_token_budget(tokenizer, sandbox):
 
 def test_unterminated_call_and_plain_length(tokenizer, sandbox):
     script = Scripted(tokenizer, {"u\n": [f"<python>print(1){EOS}"], "l\n": ["b" * 30]})
-    config = AgentConfig(max_new_tokens_per_turn=20)
+    config = AgentLoopConfig(max_new_tokens_per_turn=20)
     unterminated, long = run_agent(script.prompt_ids(), script, tokenizer, config,
                                    PythonExecutor(sandbox))
     assert unterminated.finish_reason == "unterminated_call"
@@ -248,7 +248,7 @@ def test_json_calls_unknown_tools_and_tool_errors(tokenizer):
                        '{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>', f"z{EOS}"],
     })
     # the scripted calls are long in a character-level tokenizer
-    config = AgentConfig(tool_format="json", max_new_tokens_per_turn=256)
+    config = AgentLoopConfig(tool_format="json", max_new_tokens_per_turn=256)
     add, unknown, broken, raises, parallel = run_agent(script.prompt_ids(), script, tokenizer,
                                                        config, scripted_functions)
     assert add.turns[0].observation == "\n<tool_response>\n5\n</tool_response>\n"
@@ -267,13 +267,13 @@ def test_function_calling_stops_at_the_call(tokenizer):
         '<think>easy</think>\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'
         " trailing text the model kept writing"]})
     [trajectory] = run_agent(script.prompt_ids(), script, tokenizer,
-                             AgentConfig(tool_format="json", stop_after_tool_call=True,
+                             AgentLoopConfig(tool_format="json", stop_after_tool_call=True,
                                          max_new_tokens_per_turn=256))
     assert trajectory.finish_reason == "tool_call"
     assert trajectory.final_text.endswith("</tool_call>")
     assert trajectory.turns[0].parsed.calls == (ToolCall("f", {"x": 1}),)
     assert trajectory.loss_mask == [1] * len(trajectory.response_ids)
-    metrics = rollout_metrics([trajectory])
+    metrics = trajectory_metrics([trajectory])
     # the call counts as made even though it is scored, not run
     assert metrics["agent/tool_call_rate"] == 1.0
     assert metrics["agent/tool_calls_per_trajectory"] == 1.0
@@ -282,11 +282,12 @@ def test_function_calling_stops_at_the_call(tokenizer):
 
 def test_bad_arguments(tokenizer):
     with pytest.raises(ValueError, match="executor"):
-        run_agent([[1, 2]], lambda *a: [[1]], tokenizer, AgentConfig())
+        run_agent([[1, 2]], lambda *a: [[1]], tokenizer, AgentLoopConfig())
     with pytest.raises(ValueError, match="prompts"):
-        run_agent([[]], lambda *a: [[1]], tokenizer, AgentConfig(stop_after_tool_call=True))
+        run_agent([[]], lambda *a: [[1]], tokenizer, AgentLoopConfig(stop_after_tool_call=True))
     with pytest.raises(ValueError, match="generate returned"):
-        run_agent([[1], [2]], lambda *a: [[1]], tokenizer, AgentConfig(stop_after_tool_call=True))
+        run_agent([[1], [2]], lambda *a: [[1]], tokenizer,
+                  AgentLoopConfig(stop_after_tool_call=True))
 
 
 def test_tensors_and_metrics(tokenizer, sandbox):
@@ -294,7 +295,7 @@ def test_tensors_and_metrics(tokenizer, sandbox):
         "a\n": ["<python>print(7)</python>", f"7{EOS}"],
         "b\n": [f"no tool{EOS}"],
     })
-    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentConfig(),
+    trajectories = run_agent(script.prompt_ids(), script, tokenizer, AgentLoopConfig(),
                              PythonExecutor(sandbox))
     tensors = trajectories_to_tensors(trajectories, pad_id=tokenizer.pad_token_id)
     lengths = [len(t.response_ids) for t in trajectories]
@@ -305,7 +306,7 @@ def test_tensors_and_metrics(tokenizer, sandbox):
         assert tensors["mask"][row, :n].tolist() == [float(m) for m in t.loss_mask]
         assert tensors["mask"][row, n:].sum() == 0 and (tensors["turn_ids"][row, n:] == -1).all()
         assert tensors["observation_mask"][row, :n].tolist() == [1.0 - m for m in t.loss_mask]
-    metrics = rollout_metrics(trajectories)
+    metrics = trajectory_metrics(trajectories)
     assert metrics["agent/tool_call_rate"] == 0.5
     assert metrics["agent/tool_calls_per_trajectory"] == 0.5
     observation = trajectories[0].num_observation_tokens
@@ -329,16 +330,17 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
     with an open call, and check every structural invariant holds whatever it generates."""
     import torch
 
-    from gear_rl.train.rollout import sample_responses
+    from gear_rl.sampling import SamplingParams, sample_responses
 
     model = tiny_random_model(seed=0, initializer_range=0.2)
-    sampling = torch.Generator().manual_seed(0)
+    stream = torch.Generator().manual_seed(0)
 
     def base(prompts, stop_strings, max_new_tokens):
         # the trainer's KV-cache sampler plugs in as it is: it knows EOS ids, not stop strings
-        return sample_responses(model, prompts, max_new_tokens=max(max_new_tokens),
-                                stop_ids=[tokenizer.eos_token_id],
-                                pad_id=tokenizer.pad_token_id, generator=sampling).response_ids
+        sampling = SamplingParams(max_new_tokens=max(max_new_tokens),
+                                  stop_ids=[tokenizer.eos_token_id],
+                                  pad_id=tokenizer.pad_token_id)
+        return sample_responses(model, prompts, sampling, generator=stream).response_ids
 
     forced_call = tokenizer.encode("<python>print(6*7)</python>", add_special_tokens=False)
     calls = {"count": 0}
@@ -357,7 +359,7 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
                for i in range(4)]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p)
                for p in prompts]
-    config = AgentConfig(max_turns=2, max_new_tokens_per_turn=32, max_response_tokens=128)
+    config = AgentLoopConfig(max_turns=2, max_new_tokens_per_turn=32, max_response_tokens=128)
     trajectories = run_agent(prompts, generate, tokenizer, config, PythonExecutor(sandbox))
     assert len(trajectories) == 4
     for t in trajectories:
@@ -374,7 +376,7 @@ def test_real_tiny_model_multi_turn_invariants(tokenizer, sandbox):
     for t in trajectories[:2]:
         assert t.turns[0].observation == "\n<result>\n42\n</result>\n"
         assert t.num_observation_tokens == len(t.turns[0].observation.encode())
-    assert rollout_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
+    assert trajectory_metrics(trajectories)["agent/tool_call_rate"] >= 0.5
 
 
 # --- resuming an episode from a prefix (the credit check's continuations) -------------------
@@ -426,7 +428,7 @@ def test_resuming_from_every_prefix_rebuilds_the_episode(tokenizer, sandbox):
         "Q2\n": ["Bad <python>print(1 +</python>", f"Fixed: 7.{EOS}"],  # a failing call
         "Q3\n": ["A very long turn that runs past its cap of tokens"],
     })
-    config = AgentConfig(max_turns=3, max_new_tokens_per_turn=40, max_response_tokens=200)
+    config = AgentLoopConfig(max_turns=3, max_new_tokens_per_turn=40, max_response_tokens=200)
     executor = PythonExecutor(sandbox)
     originals = run_agent(script.prompt_ids(), script, tokenizer, config, executor)
     assert [t.finish_reason for t in originals] == ["answer", "answer", "length"]
@@ -454,7 +456,7 @@ def test_a_resumed_turn_gets_the_budget_that_was_left(tokenizer, sandbox):
     from gear_rl.agent import EpisodePrefix
 
     script = Scripted(tokenizer, {"Q\n": ["x" * 30]})
-    config = AgentConfig(max_turns=2, max_new_tokens_per_turn=12, max_response_tokens=40)
+    config = AgentLoopConfig(max_turns=2, max_new_tokens_per_turn=12, max_response_tokens=40)
     ids = tokenizer.encode("abcde", add_special_tokens=False)
     [t] = run_agent(script.prompt_ids(), script, tokenizer, config, PythonExecutor(sandbox),
                     prefixes=[EpisodePrefix(ids, [1] * 5, [0] * 5)])
@@ -563,13 +565,13 @@ def test_tool_math_turn_rewards_follow_mt_grpo(tokenizer, sandbox):
         "error\n": [fence.format("1/0"), f"no idea{EOS}"],
         "plain\n": [f"It is {answer}.{EOS}"],
     })
-    config = AgentConfig(tool_format="markdown", max_observation_tokens=200)
+    config = AgentLoopConfig(tool_format="markdown", max_observation_tokens=200)
     episodes = run_agent(script.prompt_ids(), script, tokenizer, config, PythonExecutor(sandbox))
     calls = ('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 1}}\n'
              '{"name": "div", "arguments": {"a": 1, "b": 0}}\n</tool_call>')
     two = Scripted(tokenizer, {"two\n": [calls, f"2{EOS}"]})
     episodes += run_agent(two.prompt_ids(), two, tokenizer,
-                          AgentConfig(tool_format="json", max_new_tokens_per_turn=256),
+                          AgentLoopConfig(tool_format="json", max_new_tokens_per_turn=256),
                           scripted_functions)
     rewards = [turn_rewards(task, problem, t) for t in episodes]
     # one of the two parallel calls ran: 0.2 x 1/2

@@ -13,7 +13,8 @@ import pytest
 
 from gear_rl.cli import main
 from gear_rl.credit import estimator_names, get_estimator
-from gear_rl.train.config import TrainConfig, field_default, field_docs, valid_keys
+from gear_rl.dataclass_config import field_default, field_docs
+from gear_rl.train.config import TrainConfig, valid_keys
 
 GEAR_RL = Path(sys.executable).with_name("gear-rl")
 

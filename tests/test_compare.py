@@ -14,7 +14,8 @@ import yaml
 from PIL import Image
 
 from gear_rl.cli import main
-from gear_rl.report.compare import compare_runs, t_interval, welch_test
+from gear_rl.report.compare import compare_runs
+from gear_rl.stats import t_interval, welch_test
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -228,7 +229,7 @@ def test_compare_trains_estimators_over_seeds(tmp_path: Path, capsys) -> None:
 def test_band_plot_gives_every_method_its_own_line() -> None:
     """More methods than the ten default colours (a study has eleven): colour and line style
     together still tell every method apart."""
-    from gear_rl.report.compare import band_plot
+    from gear_rl.figures import band_plot
 
     methods = [(f"m{i}", [[([0, 1], [0.1 * i, 0.2 * i])]]) for i in range(23)]
     plot = band_plot("curves", "t", [("reward", "mean reward")], methods)

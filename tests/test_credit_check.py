@@ -34,10 +34,10 @@ from gear_rl.credit_check import (
 )
 from gear_rl.envs.base import StepResult, TextEnv
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.tasks import AgentSpec, Problem, Task
 from gear_rl.tasks.base import EnvSpec
 from gear_rl.train import load_config
-from gear_rl.train.rollout import sample_responses
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +104,8 @@ def test_monte_carlo_value_matches_exact_enumeration(shared: bool) -> None:
     generator = torch.Generator().manual_seed(0)
     response = None
     for _ in range(20):  # a response that leaves room to continue from its middle
-        drawn = sample_responses(model, [prompt], max_new_tokens=horizon, stop_ids=[stop],
-                                 pad_id=0, generator=generator, **settings)
+        drawn = sample_responses(model, [prompt], SamplingParams(
+            max_new_tokens=horizon, stop_ids=[stop], pad_id=0, **settings), generator=generator)
         if len(drawn.response_ids[0]) >= 3:
             response, finished = drawn.response_ids[0], drawn.finished[0]
             break

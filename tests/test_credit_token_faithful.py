@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-import gear_rl.train.trainer as trainer_module
+import gear_rl.train.update as trainer_module
 from conftest import tiny_trainer
 from gear_rl.credit import (
     CreditBatch,

@@ -1,4 +1,4 @@
-"""The sampler's CPU decode attention (``rollout.decode_attention``): the same numbers as
+"""The sampler's CPU decode attention (``gear_rl.sampling.attention``): the same numbers as
 transformers' SDPA path for one query per row (grouped heads, bool, additive and no mask, fp32
 and bf16), SDPA itself for everything it does not handle, the model's attention setting
 restored on exit (also on an error) and left alone for other implementations, and the sampler
@@ -11,14 +11,15 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
-from gear_rl.train.rollout import (
+from gear_rl.sampling import (
     DECODE_ATTENTION,
-    _decode_attention_forward,
+    SamplingParams,
     decode_attention,
     sample_continuations,
     sample_responses,
     stop_token_ids,
 )
+from gear_rl.sampling.attention import _decode_attention_forward
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,26 +135,27 @@ def test_sampler_decodes_the_same_tokens(tiny) -> None:
     the model's setting is SDPA again afterwards."""
     model, tokenizer = tiny
     prompts = [p for p in _prompts(tokenizer) for _ in range(3)]
-    free = sample_responses(model, prompts, max_new_tokens=24, stop_ids=[],
-                            pad_id=tokenizer.pad_token_id, greedy=True).response_ids
+    free = sample_responses(model, prompts, SamplingParams(
+        max_new_tokens=24, stop_ids=[], pad_id=tokenizer.pad_token_id, greedy=True)).response_ids
     # stop tokens that greedy rows write at different steps (a random model rarely ends a turn)
     stops = set(stop_token_ids(tokenizer, model))
     for row, step in ((0, 3), (3, 9), (9, 15)):
         if free[row][step] not in free[row][:step]:
             stops.add(free[row][step])
-    common = {"max_new_tokens": 24, "stop_ids": sorted(stops), "pad_id": tokenizer.pad_token_id}
-    for sampling in ({"greedy": True}, {"temperature": 1.0, "top_p": 0.95}):
-        runs = [sample_responses(model, prompts, generator=torch.Generator().manual_seed(3),
-                                 fast_attention=fast, **common, **sampling)
+    common = {"max_new_tokens": 24, "stop_ids": stops, "pad_id": tokenizer.pad_token_id}
+    for mode in ({"greedy": True}, {"temperature": 1.0, "top_p": 0.95}):
+        runs = [sample_responses(model, prompts,
+                                 SamplingParams(fast_attention=fast, **common, **mode),
+                                 generator=torch.Generator().manual_seed(3))
                 for fast in (True, False)]
         assert runs[0].response_ids == runs[1].response_ids
         assert runs[0].finished == runs[1].finished
         assert len({len(r) for r in runs[0].response_ids}) > 1
     sequence = prompts[3] + prompts[6]
     cuts = [2, len(sequence) // 2, len(sequence)]
-    runs = [sample_continuations(model, sequence, cuts, 3, temperature=1.0,
-                                 generator=torch.Generator().manual_seed(4),
-                                 fast_attention=fast, **common)
+    runs = [sample_continuations(model, sequence, cuts, 3,
+                                 SamplingParams(fast_attention=fast, **common),
+                                 generator=torch.Generator().manual_seed(4))
             for fast in (True, False)]
     assert [r.response_ids for r in runs[0]] == [r.response_ids for r in runs[1]]
     assert model.config._attn_implementation == "sdpa"
@@ -162,11 +164,9 @@ def test_sampler_decodes_the_same_tokens(tiny) -> None:
 def test_decode_really_uses_the_fast_path(tiny, monkeypatch) -> None:
     """The sampler's decoding steps (one query, no gradient) run the grouped path: it is
     called once per layer per step after the prefill, which stays on SDPA."""
-    import gear_rl.train.rollout as rollout
-
     model, tokenizer = tiny
     calls = {"fast": 0, "sdpa": 0}
-    real_fast = rollout._decode_attention_forward
+    real_fast = _decode_attention_forward
 
     def counting(module, query, *args, **kwargs):
         calls["fast" if query.shape[2] == 1 else "sdpa"] += 1
@@ -176,8 +176,8 @@ def test_decode_really_uses_the_fast_path(tiny, monkeypatch) -> None:
 
     monkeypatch.setitem(AttentionInterface._global_mapping, DECODE_ATTENTION, counting)
     prompts = _prompts(tokenizer)
-    result = sample_responses(model, prompts, max_new_tokens=6, stop_ids=[],
-                              pad_id=tokenizer.pad_token_id, greedy=True)
+    result = sample_responses(model, prompts, SamplingParams(
+        max_new_tokens=6, stop_ids=[], pad_id=tokenizer.pad_token_id, greedy=True))
     assert all(len(r) == 6 for r in result.response_ids)
     layers = model.config.num_hidden_layers
     assert calls["fast"] == 5 * layers  # decoding steps 2..6 (the prefill gives the first)

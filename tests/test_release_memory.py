@@ -151,13 +151,13 @@ def test_update_frees_the_sampler_copy_without_heap_reuse(tmp_path, monkeypatch,
     try:
         assert trainer.sampler is not trainer.model
         held: list[int] = []
-        forward = trainer._forward
+        forward = trainer.engine.forward
 
         def spy(*args, **kwargs):
             held.append(sum(p.numel() for p in trainer.sampler.parameters()))
             return forward(*args, **kwargs)
 
-        monkeypatch.setattr(trainer, "_forward", spy)
+        monkeypatch.setattr(trainer.engine, "forward", spy)
         before = [p.detach().clone() for p in trainer.model.parameters()]
         trainer.step(1)
         total = sum(p.numel() for p in trainer.model.parameters())
@@ -183,17 +183,17 @@ def test_the_trainer_trims_between_phases_only_without_heap_reuse(tmp_path, monk
     scoring pass and the update. With it the heap keeps them for the next phase (a trim had
     every update page-fault its buffers in again), unless the resident set has grown past
     HEAP_GROWTH times the process's peak after its second step (here 0: any)."""
+    import gear_rl.train.memory as memory_module
     import gear_rl.train.runtime as runtime
-    import gear_rl.train.trainer as trainer_module
     from conftest import tiny_trainer
 
     # the setting is process-wide: the test's process keeps glibc's defaults
     monkeypatch.setattr(runtime, "keep_heap_pages", lambda: True)
-    monkeypatch.setattr(trainer_module, "HEAP_GROWTH", growth)
+    monkeypatch.setattr(memory_module, "HEAP_GROWTH", growth)
     trainer = tiny_trainer(tmp_path / "run", f"heap_reuse={str(reuse).lower()}",
                            "estimator=grpo")
     calls: list[str] = []
-    monkeypatch.setattr(trainer_module, "release_free_memory", lambda: calls.append("trim"))
+    monkeypatch.setattr(memory_module, "release_free_memory", lambda: calls.append("trim"))
     counts = []
     try:
         assert trainer.runtime.heap_reuse is reuse

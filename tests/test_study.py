@@ -21,16 +21,16 @@ import yaml
 from conftest import kill_when
 from gear_rl.cli import main
 from gear_rl.rundir import RunDir
-from gear_rl.study import analyze_study, parse_spec, write_study
-from gear_rl.study.report import cell_machines
-from gear_rl.study.runner import default_parallelism, plan_cells, select_cells
-from gear_rl.study.stats import (
+from gear_rl.stats import (
     bootstrap_mean,
     minimum_detectable,
     paired_difference,
     seed_test,
     verdict,
 )
+from gear_rl.study import analyze_study, parse_spec, write_study
+from gear_rl.study.report import cell_machines
+from gear_rl.study.runner import default_parallelism, plan_cells, select_cells
 from gear_rl.train.config import config_to_dict
 from gear_rl.train.records import is_measurement
 
@@ -111,8 +111,8 @@ def test_seed_level_paired_t_by_hand() -> None:
     assert test.p == pytest.approx(1 - 5 / math.sqrt(27))
     flat = seed_test([0.6, 0.7], [0.5, 0.6], paired=True)  # the same difference twice
     assert (flat.t, flat.p) == (None, 0.0)
+    from gear_rl.stats import Difference
     from gear_rl.study.report import _seed_test
-    from gear_rl.study.stats import Difference
 
     shown = _seed_test(Difference(0.1, 0.0, 0.2, 0.05, 0.14, True, flat, "within noise", 0.95,
                                   0.8))
@@ -477,6 +477,7 @@ def test_evaluation_draws_are_fixed_per_problem_and_sample() -> None:
     (problem, sample) row keeps its place in the random stream. Many "stop" tokens make rows end
     at different steps, which would shift the later draws of a stream shared by active rows."""
     from gear_rl.models import build_tiny_tokenizer, tiny_random_model
+    from gear_rl.sampling import SamplingParams
     from gear_rl.tasks import Problem, Task
     from gear_rl.train.evaluate import evaluate
 
@@ -490,11 +491,10 @@ def test_evaluation_draws_are_fixed_per_problem_and_sample() -> None:
     pair = [problem(0, "count to 1"), problem(1, "count to 2")]
     task = Task(name="t", train=pair, eval=pair, scorer=lambda p, t: float(len(t) % 2),
                 extract=lambda t: t)
-    stops = list(range(0, 259, 4))
+    sampling = SamplingParams(max_new_tokens=12, stop_ids=range(0, 259, 4), pad_id=0)
     runs = [evaluate(model, tokenizer, task, problems=[problem(0, "count to 1"),
                                                         problem(1, second)],
-                     k=8, temperature=1.0, top_p=1.0, max_new_tokens=12, seed=5,
-                     stop_ids=stops, pad_id=0, batch_size=None)
+                     sampling=sampling, k=8, seed=5)
             for second in ("count to 2", "count to 7")]
     first, other = runs[0]["records"], runs[1]["records"]
     assert first[1]["lengths"] != other[1]["lengths"]  # problem 1's rows end elsewhere ...

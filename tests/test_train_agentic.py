@@ -244,12 +244,12 @@ def test_multi_turn_updates_checkpoint_layers_by_default_with_the_same_result(tm
     """``loss.checkpoint_layers=None`` turns layer checkpointing on for agent and environment
     tasks and leaves it off for single-turn ones; an explicit value wins; a GEAR step on
     multi-turn rows gives the same loss and the same weights with it as without it."""
-    assert not tiny_trainer(tmp_path / "single", "steps=1").checkpoint_layers
+    assert not tiny_trainer(tmp_path / "single", "steps=1").engine.signals.checkpoint_layers
     outcomes = {}
     for value in ("null", "false"):
         trainer = make_trainer(tmp_path / value, "sokoban", "estimator=gear", "steps=1",
                                f"loss.checkpoint_layers={value}")
-        assert trainer.checkpoint_layers == (value == "null")
+        assert trainer.engine.signals.checkpoint_layers == (value == "null")
         record, _ = trainer.step(1)
         outcomes[value] = (record["loss"], [p.detach().clone() for p in trainer.model.parameters()])
         trainer.close()

@@ -9,7 +9,8 @@ import typing
 import pytest
 
 from gear_rl.credit import estimator_names, get_estimator
-from gear_rl.signals import ESTIMATORS as DIVERGENCES
+from gear_rl.dataclass_config import field_docs, parse_overrides
+from gear_rl.signals import DIVERGENCE_KINDS as DIVERGENCES
 from gear_rl.signals.teacher import PLACEMENTS, TeacherPromptConfig
 from gear_rl.train import config as config_module
 from gear_rl.train import loss as loss_module
@@ -23,9 +24,7 @@ from gear_rl.train.config import (
     SignalConfig,
     TrainConfig,
     apply_overrides,
-    field_docs,
     load_config,
-    parse_overrides,
     valid_keys,
 )
 

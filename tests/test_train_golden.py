@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-import gear_rl.train.trainer as trainer_module
+import gear_rl.train.update as trainer_module
 from conftest import tiny_trainer
 from gear_rl.credit import CreditBatch, estimator_names, get_estimator
 

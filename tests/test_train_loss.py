@@ -15,23 +15,22 @@ ADV = [[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]]
 MASK = [[1, 1, 1], [1, 1, 0]]
 
 
-def _hand_token_losses() -> list[list[float]]:
-    """max(-A r, -A clip(r, 0.8, 1.28)) per token, written out."""
-    out = []
-    for b in range(2):
-        row = []
-        for t in range(3):
-            r = math.exp(LOGPROBS[b][t] - OLD[b][t])
-            a = ADV[b][t]
-            row.append(max(-a * r, -a * min(max(r, 0.8), 1.28)))
-        out.append(row)
-    return out
-
-
 def test_hand_values_of_each_token() -> None:
-    losses = _hand_token_losses()
-    assert losses[0] == pytest.approx([-math.exp(0.1), -1.0, -math.exp(-0.5)])
-    assert losses[1][:2] == pytest.approx([2.0, 1.6])  # the second token is clipped at 0.8
+    """Each token's loss from ppo_policy_loss alone (a one-token mask, summed over one
+    sequence) against ``max(-A r, -A clip(r, 0.8, 1.28))`` worked by hand:
+    r = exp(0.1), 1, exp(-0.5) in row 0 (A = 1, inside the range: -A r) and 1, exp(-0.5) in
+    row 1 (A = -2: -A r = 2, and 2 * clip(exp(-0.5), 0.8, 1.28) = 1.6 > 2 * exp(-0.5))."""
+    hand = {(0, 0): -math.exp(0.1), (0, 1): -1.0, (0, 2): -math.exp(-0.5),
+            (1, 0): 2.0, (1, 1): 1.6}
+    for (b, t), expected in hand.items():
+        only = torch.zeros(2, 3)
+        only[b, t] = 1
+        loss, stats = ppo_policy_loss(
+            torch.tensor(LOGPROBS, dtype=torch.float64), torch.tensor(OLD, dtype=torch.float64),
+            torch.tensor(ADV, dtype=torch.float64), only, clip_low=0.2, clip_high=0.28,
+            agg_mode="seq-mean-token-sum", num_seqs=1)
+        assert float(loss) == pytest.approx(expected, rel=1e-12), (b, t)
+        assert stats.clipped == (1 if (b, t) == (1, 1) else 0), (b, t)  # the clip decides there
 
 
 @pytest.mark.parametrize(
@@ -65,8 +64,8 @@ def test_high_clip_is_asymmetric() -> None:
     # A > 0 and ratio 1.25: inside [0.8, 1.28] -> not clipped; with a symmetric 0.2 it would be.
     args = (torch.tensor([[math.log(1.25)]]), torch.tensor([[0.0]]), torch.tensor([[1.0]]),
             torch.tensor([[1]]))
-    _, asym = ppo_policy_loss(*args, clip_low=0.2, clip_high=0.28)
-    _, sym = ppo_policy_loss(*args, clip_low=0.2, clip_high=0.2)
+    _, asym = ppo_policy_loss(*args, clip_low=0.2, clip_high=0.28, agg_mode="token-mean")
+    _, sym = ppo_policy_loss(*args, clip_low=0.2, clip_high=0.2, agg_mode="token-mean")
     assert asym.clipped == 0 and sym.clipped == 1
 
 
@@ -78,10 +77,12 @@ def test_micro_batches_add_up_to_the_mini_batch_loss() -> None:
     mask[:, 0] = 1
     for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                  "seq-mean-token-sum-norm"):
-        whole, _ = ppo_policy_loss(logprobs, old, adv, mask, agg_mode=mode, horizon=7)
+        whole, _ = ppo_policy_loss(logprobs, old, adv, mask, clip_low=0.2, clip_high=0.28,
+                                   agg_mode=mode, horizon=7)
         parts = sum(
-            ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], agg_mode=mode, num_seqs=6,
-                            num_tokens=float(mask.sum()), horizon=7)[0]
+            ppo_policy_loss(logprobs[s], old[s], adv[s], mask[s], clip_low=0.2, clip_high=0.28,
+                            agg_mode=mode, num_seqs=6, num_tokens=float(mask.sum()),
+                            horizon=7)[0]
             for s in (slice(0, 2), slice(2, 6))
         )
         assert float(parts) == pytest.approx(float(whole), rel=1e-6), mode
@@ -101,8 +102,8 @@ def test_kl_penalty_estimators() -> None:
 def test_bad_inputs() -> None:
     with pytest.raises(ValueError, match="advantages"):
         ppo_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 2),
-                        torch.ones(2, 3))
+                        torch.ones(2, 3), clip_low=0.2, clip_high=0.28, agg_mode="token-mean")
     with pytest.raises(ValueError, match="loss_agg_mode"):
         aggregate(torch.zeros(2, 3), torch.ones(2, 3), "sum")
     with pytest.raises(ValueError, match="same"):
-        aggregate(torch.zeros(2, 3), torch.ones(3, 3))
+        aggregate(torch.zeros(2, 3), torch.ones(3, 3), "token-mean")

@@ -23,7 +23,7 @@ def _step_gradients(tmp_path, name: str, *overrides: str) -> tuple[list[torch.Te
                            "rollout.max_new_tokens=12", *overrides)
     captured: list[torch.Tensor] = []
     micros: list[list[list[int]]] = []
-    step, packer = trainer.optimizer.step, trainer._micro_batches
+    step, packer = trainer.optimizer.step, trainer.engine.micro_batches
 
     def spy_step(*args, **kwargs):
         captured.extend(p.grad.detach().clone() for p in trainer.model.parameters())
@@ -34,7 +34,7 @@ def _step_gradients(tmp_path, name: str, *overrides: str) -> tuple[list[torch.Te
         return micros[-1]
 
     trainer.optimizer.step = spy_step
-    trainer._micro_batches = spy_pack
+    trainer.engine.micro_batches = spy_pack
     try:
         trainer.step(1)
     finally:
@@ -68,7 +68,7 @@ def test_packing_respects_the_budget_and_keeps_groups_together(tmp_path) -> None
     try:
         batch = trainer.rollout(1)
         rows = list(range(len(batch.response_ids)))
-        micros = trainer._micro_batches(batch, rows)
+        micros = trainer.engine.micro_batches(batch, rows)
         assert sorted(i for m in micros for i in m) == rows
         for micro in micros:
             assert len(micro) <= 5
@@ -78,7 +78,7 @@ def test_packing_respects_the_budget_and_keeps_groups_together(tmp_path) -> None
         # rows of one group are consecutive in the packing order
         order = [batch.group_ids[i] for m in micros for i in m]
         assert order == sorted(order, key=order.index)
-        assert micros == trainer._micro_batches(batch, rows)  # deterministic
+        assert micros == trainer.engine.micro_batches(batch, rows)  # deterministic
     finally:
         trainer.close()
 
@@ -104,9 +104,10 @@ def test_fused_scoring_gives_the_scoring_pass_gradients(tmp_path, estimator, ove
                            "rollout.max_new_tokens=12", *extra)
     try:
         batch = trainer.rollout(1)
-        assert trainer._fused_mode(batch) == mode
+        assert trainer.engine.fusion(batch) == mode
         if mode != "before":  # the budget decides how many micro-batches there are
-            many = len(trainer._micro_batches(batch, list(range(len(batch.response_ids))))) > 1
+            everything = list(range(len(batch.response_ids)))
+            many = len(trainer.engine.micro_batches(batch, everything)) > 1
             assert many == ("loss.micro_batch_tokens=40" in overrides)
     finally:
         trainer.close()
@@ -240,6 +241,6 @@ def test_the_teacher_runs_on_every_row_where_its_signals_reach_the_loss(tmp_path
         trainer = tiny_trainer(tmp_path / "_".join(overrides), *overrides,
                                task=_half_constant_task())
         try:
-            assert trainer._teacher_rows(trainer.rollout(1)) is None
+            assert trainer.scorer.teacher_rows(trainer.rollout(1)) is None
         finally:
             trainer.close()

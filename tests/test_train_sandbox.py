@@ -59,8 +59,7 @@ def test_tool_calls_never_see_the_run_directory(tmp_path, monkeypatch) -> None:
     stop = trainer.stop_ids[0]
     code = HUNT.format(run=run, runs=runs, marker=SENTINEL[:12])
 
-    def scripted(model, *, stop_ids, pad_id, temperature, top_p, generator, batch_size,
-                 row_stop=None, reuse_cache=True):
+    def scripted(model, sampling, generator, row_stop=None, reuse_cache=True):
         def generate(prompts, stop_strings, budgets):
             out = []
             for prompt in prompts:

@@ -73,7 +73,8 @@ def _train_help(argv: list[str]) -> str:
     ``Attributes:`` entry), the credit keys of the estimator ``argv`` chooses, and the
     registered estimators."""
     from gear_rl.credit import estimator_names, get_estimator
-    from gear_rl.train.config import TrainConfig, field_default, field_docs, load_config
+    from gear_rl.dataclass_config import field_default, field_docs
+    from gear_rl.train.config import TrainConfig, load_config
 
     config_path, overrides = _split_train_args([a for a in argv if a not in ("-h", "--help")])
     estimator = load_config(config_path, overrides, validate=False).credit_estimator()
@@ -140,7 +141,8 @@ def _split_train_args(argv: list[str], first: str = "a config file"
 
 
 def _train(argv: list[str]) -> int:
-    from gear_rl.train.config import load_config, parse_overrides
+    from gear_rl.dataclass_config import parse_overrides
+    from gear_rl.train.config import load_config
 
     try:
         if any(a in ("-h", "--help") for a in argv):
@@ -191,7 +193,8 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from gear_rl.train.config import load_config, parse_overrides, valid_keys
+    from gear_rl.dataclass_config import parse_overrides
+    from gear_rl.train.config import load_config, valid_keys
 
     if any(a in ("-h", "--help") for a in argv):
         print(_EVAL_USAGE + "\nvalid keys:\n  " + "\n  ".join(valid_keys()))
@@ -307,10 +310,12 @@ def _compare(argv: list[str]) -> int:
                         help="compare runs whose task, model, budget or eval settings differ "
                              "(the tables then list the differing settings)")
     args = parser.parse_args(argv)
-    from gear_rl.report.compare import compare_runs, format_comparison, run_comparison
+    from gear_rl.report.compare import compare_runs, format_comparison
 
     try:
         if args.estimators is not None:
+            from gear_rl.study.compare import run_comparison  # trains: imports the trainer
+
             overrides = list(args.items)
             if any("=" not in item for item in overrides):
                 raise ValueError("with --estimators, positional arguments are train key=value "
@@ -364,7 +369,7 @@ examples:
 
 def _credit_check_help() -> str:
     from gear_rl.credit_check import CreditCheckConfig
-    from gear_rl.train.config import field_default, field_docs
+    from gear_rl.dataclass_config import field_default, field_docs
 
     lines = [_CREDIT_CHECK_USAGE, "keys (KEY = DEFAULT, then what it sets):",
              *_key_lines("out", None, "the output folder (default RUN_DIR/credit_check, or "
@@ -399,7 +404,8 @@ def _credit_check(argv: list[str]) -> int:
             credit_check,
             run_check_config,
         )
-        from gear_rl.train.config import TrainConfig, config_from_dict, parse_overrides
+        from gear_rl.dataclass_config import parse_overrides
+        from gear_rl.train.config import TrainConfig, config_from_dict
 
         target, items = _split_train_args(argv, first="a run directory")
         parsed = parse_overrides(items)

@@ -10,11 +10,18 @@ A run of ``gear-rl train`` lives in one folder::
       summary.json        written when the run finishes (its absence marks an unfinished run)
       checkpoints/        step-NNNNNN/ folders and the one-line pointer ``latest``
       tensorboard/        TensorBoard event files
+      credit_check/       ``gear-rl credit-check RUN_DIR``'s folder (its default ``out``):
+        credit_check.md     the tables
+        credit_check.json   every number, and the scored trajectories token by token
+        credit_check.png    per-token Monte-Carlo advantage beside each estimator's
+        trajectories.json   the sampled prompt groups (written once)
+        values.jsonl        one Monte-Carlo truth per trajectory, appended as each completes
 
-The trainer writes it, ``gear-rl report`` / ``compare`` read it, and checkpoints are saved inside
-it; every module that touches a run directory goes through the names and functions here. Whole
-files are written atomically (temporary file in the same folder, fsync, rename), and the
-line-oriented logs are appended one complete line at a time.
+The trainer writes it, ``gear-rl report`` / ``compare`` read it, checkpoints are saved inside
+it, and the credit check writes its folder inside it (or anywhere else, ``out=``); every module
+that touches a run directory, or names a file in one, goes through the names and functions
+here. Whole files are written atomically (temporary file in the same folder, fsync, rename), and
+the line-oriented logs are appended one complete line at a time.
 """
 
 from __future__ import annotations
@@ -33,8 +40,16 @@ import yaml
 __all__ = [
     "CHECKPOINTS",
     "CONFIG",
+    "CREDIT_CHECK_DIR",
+    "CREDIT_CHECK_JSON",
+    "CREDIT_CHECK_MD",
+    "CREDIT_CHECK_PNG",
+    "CREDIT_CHECK_TRAJECTORIES",
+    "CREDIT_CHECK_VALUES",
+    "LOCK",
     "METRICS",
     "RUN_INFO",
+    "RUN_STATES",
     "SAMPLES",
     "SUMMARY",
     "TENSORBOARD",
@@ -56,7 +71,21 @@ CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
 LATEST = "latest"
 LOCK = ".lock"
+"""The lock file of a folder one process writes at a time (:meth:`RunDir.lock`)."""
 MANIFEST = "manifest.json"
+
+# The credit check's folder (gear_rl.credit_check writes it, gear_rl.report reads it).
+CREDIT_CHECK_DIR = "credit_check"
+"""Where ``gear-rl credit-check RUN_DIR`` writes by default (``RUN_DIR/credit_check/``), and
+where ``gear-rl report`` looks for it."""
+CREDIT_CHECK_JSON = "credit_check.json"
+CREDIT_CHECK_MD = "credit_check.md"
+CREDIT_CHECK_PNG = "credit_check.png"
+CREDIT_CHECK_TRAJECTORIES = "trajectories.json"
+CREDIT_CHECK_VALUES = "values.jsonl"
+
+RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
+"""What a planned run folder can hold (:meth:`RunDir.state`)."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
@@ -216,6 +245,16 @@ class RunDir:
     def finished(self) -> bool:
         """Whether the run wrote its summary (it completed every configured step)."""
         return self.summary_path.is_file()
+
+    def state(self) -> str:
+        """What the folder holds, one of :data:`RUN_STATES`: ``new`` (no run yet), ``finished``
+        (its ``summary.json``), ``interrupted`` (a checkpoint to resume from) or
+        ``no_checkpoint`` (a run interrupted before its first checkpoint)."""
+        if not self.is_run():
+            return "new"
+        if self.finished():
+            return "finished"
+        return "interrupted" if self.latest_checkpoint() is not None else "no_checkpoint"
 
     # ---- one writer at a time
     def lock(self, user: str = "trainer") -> None:

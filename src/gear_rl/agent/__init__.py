@@ -10,8 +10,8 @@ Importing this package does not import torch.
 """
 
 from gear_rl.agent.loop import (
-    AgentConfig,
     AgentLimits,
+    AgentLoopConfig,
     EpisodePrefix,
     GenerateFn,
     PythonExecutor,
@@ -21,9 +21,9 @@ from gear_rl.agent.loop import (
     TurnRecord,
     format_sandbox_output,
     holds_call,
-    rollout_metrics,
     run_agent,
     trajectories_to_tensors,
+    trajectory_metrics,
 )
 from gear_rl.agent.parsing import (
     JSON_FORMAT,
@@ -45,8 +45,8 @@ __all__ = [
     "MARKDOWN_TOOL_INSTRUCTIONS",
     "PYTHON_FORMAT",
     "PYTHON_TOOL_INSTRUCTIONS",
-    "AgentConfig",
     "AgentLimits",
+    "AgentLoopConfig",
     "EpisodePrefix",
     "GenerateFn",
     "ParsedTurn",
@@ -62,7 +62,7 @@ __all__ = [
     "holds_call",
     "parse_json_calls",
     "parse_turn",
-    "rollout_metrics",
     "run_agent",
     "trajectories_to_tensors",
+    "trajectory_metrics",
 ]

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
 __all__ = [
-    "AgentConfig",
     "AgentLimits",
+    "AgentLoopConfig",
     "EpisodePrefix",
     "GenerateFn",
     "PythonExecutor",
@@ -48,9 +48,9 @@ __all__ = [
     "TurnRecord",
     "format_sandbox_output",
     "holds_call",
-    "rollout_metrics",
     "run_agent",
     "trajectories_to_tensors",
+    "trajectory_metrics",
 ]
 
 GenerateFn = Callable[[list[list[int]], list[str], list[int]], Sequence[Sequence[int]]]
@@ -155,7 +155,7 @@ class AgentLimits:
 
 
 @dataclass(frozen=True)
-class AgentConfig(AgentLimits):
+class AgentLoopConfig(AgentLimits):
     """The episode limits (:class:`AgentLimits`), the tool-call format, and how over-long
     observations are cut.
 
@@ -398,7 +398,7 @@ def run_agent(
     prompts: Sequence[Sequence[int]],
     generate: GenerateFn,
     tokenizer: Any,
-    config: AgentConfig,
+    config: AgentLoopConfig,
     executor: ToolExecutor | None = None,
     *,
     stop_ids: Sequence[int] | None = None,
@@ -524,7 +524,7 @@ def run_agent(
     return trajectories
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+def trajectory_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Batch statistics for ``metrics.jsonl``: tool-call rate (fraction of trajectories with at
     least one well-formed call, run or not), calls written and calls executed per trajectory,
     turns per trajectory, the fraction of response tokens that

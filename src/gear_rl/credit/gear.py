@@ -40,7 +40,7 @@ from gear_rl.credit._validate import check_batch_size, check_mask, check_tokens,
 from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.config import GEARConfig
 from gear_rl.credit.grpo import outcome_advantages
-from gear_rl.credit.registry import register_estimator
+from gear_rl.credit.registry import EstimatorFn, register_estimator
 from gear_rl.credit.segments import (
     NORMALIZE_CODES,
     OUTPUT_ADVANTAGES,
@@ -284,36 +284,42 @@ def gear_signed_advantages(
     return (weights * a).to(dtype)
 
 
-_GEAR_NEEDS = ("divergence", "entropy")
-_SIGNED_NEEDS = (*_GEAR_NEEDS, "student_logprobs", "teacher_logprobs")
 _PAPER = "arXiv 2605.11853"
 _DIVERGENCE = {"score": "divergence"}
+# The GEAR family's one registration record: the name, the config fields it pins, and its line.
+# Every name runs :func:`gear` on a GEARConfig, produces segments, is row-local and
+# outcome-scaled; a name that pins ``score="log_ratio"`` also reads the sampled tokens' two
+# log-probs and cites RLSD, whose evidence that score is.
+_GEAR_FAMILY: tuple[tuple[str, dict[str, str], str], ...] = (
+    ("gear", _DIVERGENCE,
+     "GEAR: divergence/entropy segments, sign-aware weights"),
+    ("gear_token_kl", {**_DIVERGENCE, "segmentation": "none"},
+     "GEAR ablation: token-level KL weights, no segments"),
+    ("gear_kl_only", {**_DIVERGENCE, "segmentation": "kl_only"},
+     "GEAR ablation: segments from KL spikes only"),
+    ("gear_entropy_only", {**_DIVERGENCE, "segmentation": "entropy_only"},
+     "GEAR ablation: onsets from entropy spikes"),
+    ("gear_entropy_window", {**_DIVERGENCE, "segmentation": "entropy_window"},
+     "GEAR ablation: termination by a trailing mean-entropy window"),
+    ("gear_signed", {"score": "log_ratio"},
+     "GEAR segments carrying the teacher log-ratio of their onset"),
+)
 
 
-@register_estimator("gear", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True, paper=_PAPER,
-                    fixed=_DIVERGENCE,
-                    description="GEAR: divergence/entropy segments, sign-aware weights")
-@register_estimator("gear_token_kl", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True,
-                    fixed={**_DIVERGENCE, "segmentation": "none"}, paper=_PAPER,
-                    description="GEAR ablation: token-level KL weights, no segments")
-@register_estimator("gear_kl_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True,
-                    fixed={**_DIVERGENCE, "segmentation": "kl_only"}, paper=_PAPER,
-                    description="GEAR ablation: segments from KL spikes only")
-@register_estimator("gear_entropy_only", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True,
-                    fixed={**_DIVERGENCE, "segmentation": "entropy_only"}, paper=_PAPER,
-                    description="GEAR ablation: onsets from entropy spikes")
-@register_estimator("gear_entropy_window", config=GEARConfig, needs=_GEAR_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True,
-                    fixed={**_DIVERGENCE, "segmentation": "entropy_window"}, paper=_PAPER,
-                    description="GEAR ablation: termination by a trailing mean-entropy window")
-@register_estimator("gear_signed", config=GEARConfig, needs=_SIGNED_NEEDS, segments=True,
-                    row_local=True, outcome_scaled=True,
-                    fixed={"score": "log_ratio"}, paper=f"{_PAPER} + arXiv 2604.03128",
-                    description="GEAR segments carrying the teacher log-ratio of their onset")
+def _register_gear_family(fn: EstimatorFn) -> EstimatorFn:
+    """Register ``fn`` under every name of :data:`_GEAR_FAMILY`."""
+    for name, fixed, description in _GEAR_FAMILY:
+        signed = fixed["score"] == "log_ratio"
+        needs = ("divergence", "entropy",
+                 *(("student_logprobs", "teacher_logprobs") if signed else ()))
+        register_estimator(name, config=GEARConfig, needs=needs, fixed=fixed, segments=True,
+                           row_local=True, outcome_scaled=True,
+                           paper=f"{_PAPER} + arXiv 2604.03128" if signed else _PAPER,
+                           description=description)(fn)
+    return fn
+
+
+@_register_gear_family
 def gear(batch: CreditBatch, config: GEARConfig) -> torch.Tensor:
     """GEAR's ``[B, T]`` advantages on ``batch``: its GRPO advantage reshaped by
     :func:`gear_advantages` (or :func:`gear_signed_advantages` when ``score == "log_ratio"``)."""

@@ -26,8 +26,8 @@ def grpo_advantages(
     rewards: torch.Tensor,
     group_ids: Sequence[Hashable] | torch.Tensor,
     *,
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
+    norm_by_std: bool = OutcomeConfig.norm_by_std,
+    eps: float = OutcomeConfig.eps,
 ) -> torch.Tensor:
     """Group-normalised outcome advantage per trajectory.
 

@@ -62,7 +62,7 @@ def top_entropy_count(n: int, rho: float) -> int:
 
 
 def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, *,
-                     rho: float = 0.2) -> torch.Tensor:
+                     rho: float = TopEntropyConfig.rho) -> torch.Tensor:
     """``[B, T]`` bool: exactly :func:`top_entropy_count` ``(n, rho)`` of the ``n`` policy tokens,
     highest entropy first.
 
@@ -99,7 +99,7 @@ def top_entropy_advantages(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     *,
-    rho: float = 0.2,
+    rho: float = TopEntropyConfig.rho,
 ) -> torch.Tensor:
     """Keep the advantage only on the batch's top-``rho`` highest-entropy policy tokens.
 
@@ -164,8 +164,8 @@ def rlsd_advantages(
     teacher_logprobs: torch.Tensor,
     mask: torch.Tensor,
     *,
-    lam: float = 0.5,
-    eps_w: float = 0.2,
+    lam: float = RLSDConfig.lam,
+    eps_w: float = RLSDConfig.eps_w,
     negative_only: bool = False,
     thought_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:

@@ -21,8 +21,6 @@ Python API, for a model of one's own (a TRL or verl user's)::
 from gear_rl.credit_check.config import BOUNDARY_MODES, SIGNAL_KEYS, CreditCheckConfig, Variant
 from gear_rl.credit_check.output import format_table, plot_trajectories, write_outputs
 from gear_rl.credit_check.run import (
-    CREDIT_CHECK_DIR,
-    RESULT_JSON,
     CreditCheckResult,
     EstimatorRow,
     check_task,
@@ -53,11 +51,11 @@ from gear_rl.credit_check.values import (
     nucleus_probs,
     sample_from_prefixes,
 )
+from gear_rl.rundir import CREDIT_CHECK_DIR  # the default out folder (the layout is rundir's)
 
 __all__ = [
     "BOUNDARY_MODES",
     "CREDIT_CHECK_DIR",
-    "RESULT_JSON",
     "SIGNAL_KEYS",
     "CreditCheckConfig",
     "CreditCheckResult",

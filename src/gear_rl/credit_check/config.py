@@ -138,7 +138,7 @@ class CreditCheckConfig:
     @classmethod
     def from_overrides(cls, values: Mapping[str, Any]) -> CreditCheckConfig:
         """A config from ``key=value`` overrides already parsed as YAML scalars
-        (``gear_rl.train.config.parse_overrides``): comma-separated strings become the lists of
+        (``gear_rl.dataclass_config.parse_overrides``): comma-separated strings become the lists of
         ``estimators`` and ``precision_k``; ``variant.NAME.estimator`` (or ``variant.NAME``),
         ``variant.NAME.credit.FIELD`` and ``variant.NAME.signals.KEY`` build ``variants``.
         Unknown keys raise, naming the valid ones."""

@@ -1,6 +1,8 @@
 """The credit check's outputs: ``credit_check.md`` (the tables), ``credit_check.json`` (every
 number, and the scored trajectories token by token) and ``credit_check.png`` (per-token
-Monte-Carlo advantage beside each estimator's, for a few trajectories)."""
+Monte-Carlo advantage beside each estimator's, for a few trajectories). The file names are
+:mod:`gear_rl.rundir`'s (``gear-rl report`` reads the JSON by them), the PNG helpers
+:mod:`gear_rl.figures`'."""
 
 from __future__ import annotations
 
@@ -9,8 +11,17 @@ import math
 from pathlib import Path
 from typing import Any
 
+from matplotlib.figure import Figure
+
 from gear_rl.credit_check.config import CreditCheckConfig
-from gear_rl.rundir import atomic_write_bytes, atomic_write_text
+from gear_rl.figures import Plot, figure_png
+from gear_rl.rundir import (
+    CREDIT_CHECK_JSON,
+    CREDIT_CHECK_MD,
+    CREDIT_CHECK_PNG,
+    atomic_write_bytes,
+    atomic_write_text,
+)
 
 __all__ = ["format_table", "plot_trajectories", "write_outputs"]
 
@@ -200,10 +211,6 @@ def plot_trajectories(data: dict[str, Any], count: int) -> bytes | None:
     (bars; +-2 standard errors where every boundary was estimated) above each estimator's
     per-token advantage scaled to its largest magnitude in the trajectory. None when there is
     nothing to draw."""
-    from matplotlib.figure import Figure
-
-    from gear_rl.report.plots import Plot, figure_png
-
     picked = _pick(list(data["trajectories"]), count)
     if not picked:
         return None
@@ -254,18 +261,16 @@ def plot_trajectories(data: dict[str, Any], count: int) -> bytes | None:
 def write_outputs(out: Path, data: dict[str, Any], check: CreditCheckConfig
                   ) -> tuple[Path, Path, Path | None, str]:
     """Write the three files into ``out``; returns their paths and the markdown text."""
-    from gear_rl.credit_check.run import PLOT, RESULT_JSON, RESULT_MD
-
     data = _json_safe(data)
     table = format_table(data)
-    markdown, json_path = out / RESULT_MD, out / RESULT_JSON
+    markdown, json_path = out / CREDIT_CHECK_MD, out / CREDIT_CHECK_JSON
     atomic_write_text(json_path, json.dumps(data, indent=1, allow_nan=False) + "\n")
     png = plot_trajectories(data, check.plot_trajectories) if check.plot_trajectories else None
     plot = None
     if png is not None:
-        plot = out / PLOT
+        plot = out / CREDIT_CHECK_PNG
         atomic_write_bytes(plot, png)
     else:
-        (out / PLOT).unlink(missing_ok=True)
+        (out / CREDIT_CHECK_PNG).unlink(missing_ok=True)
     atomic_write_text(markdown, table)
     return markdown, json_path, plot, table

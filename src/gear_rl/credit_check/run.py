@@ -49,6 +49,7 @@ from gear_rl.credit import CreditBatch, Estimator, estimator_names, gear_segment
 from gear_rl.credit.config import OutcomeConfig
 from gear_rl.credit.grpo import outcome_advantages
 from gear_rl.credit_check.config import CreditCheckConfig, Variant
+from gear_rl.credit_check.output import write_outputs
 from gear_rl.credit_check.scores import (
     Interval,
     TrajectoryUnits,
@@ -65,34 +66,39 @@ from gear_rl.credit_check.values import (
     estimate_episode_values,
     estimate_prefix_values,
 )
-from gear_rl.rundir import RunDir, append_jsonl, atomic_write_text, read_jsonl
-from gear_rl.signals import TeacherPromptConfig, teacher_prompt_ids, token_signals
+from gear_rl.rundir import (
+    CREDIT_CHECK_DIR,
+    CREDIT_CHECK_JSON,
+    CREDIT_CHECK_MD,
+    CREDIT_CHECK_PNG,
+    CREDIT_CHECK_TRAJECTORIES,
+    CREDIT_CHECK_VALUES,
+    LOCK,
+    RunDir,
+    append_jsonl,
+    atomic_write_text,
+    read_jsonl,
+)
+from gear_rl.seeding import sequence_seed
+from gear_rl.signals import TeacherPromptConfig
 from gear_rl.signals import prompt_ids as build_prompt_ids
-from gear_rl.tasks import Problem, Task, check_prompt_lengths, load_task
+from gear_rl.tasks import Problem, Task, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
 from gear_rl.train.episodes import collect, decode_response, step_extras
 from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
+from gear_rl.train.scoring import (
+    SignalPass,
+    check_prompts_fit,
+    prompt_pair,
+    score_in_chunks,
+    teacher_config,
+)
 
-__all__ = ["CREDIT_CHECK_DIR", "RESULT_JSON", "CreditCheckResult", "EstimatorRow",
+__all__ = ["CreditCheckResult", "EstimatorRow",
            "check_task", "credit_check", "plan_rows", "run_check_config", "task_reward_fn"]
 
-CREDIT_CHECK_DIR = "credit_check"
-"""Where ``gear-rl credit-check RUN_DIR`` writes by default (``RUN_DIR/credit_check/``), and
-where ``gear-rl report`` looks for it."""
-RESULT_JSON = "credit_check.json"
-RESULT_MD = "credit_check.md"
-PLOT = "credit_check.png"
-STATE = "trajectories.json"
-VALUES = "values.jsonl"
-_LOCK = ".lock"
 # What every single-turn trajectory provides an estimator (all of CreditBatch's signals).
 _PROVIDED = frozenset({"divergence", "entropy", "student_logprobs", "teacher_logprobs"})
-
-
-def _seed(*parts: int) -> int:
-    """A 63-bit seed derived from ``parts`` (numpy's SeedSequence hashing)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0]
-               >> np.uint64(1))
 
 
 def check_task(task: Task) -> None:
@@ -296,9 +302,10 @@ def _open_out(out: Path) -> RunDir:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"out: cannot create {out}: {error.strerror}") from error
-    ours = {STATE, VALUES, RESULT_JSON, RESULT_MD, PLOT, _LOCK}
+    ours = {CREDIT_CHECK_TRAJECTORIES, CREDIT_CHECK_VALUES, CREDIT_CHECK_JSON, CREDIT_CHECK_MD,
+            CREDIT_CHECK_PNG, LOCK}
     foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")]
-    if foreign and not (out / STATE).is_file():
+    if foreign and not (out / CREDIT_CHECK_TRAJECTORIES).is_file():
         raise ValueError(f"out: {out} is not empty and holds no credit check ({foreign[0]}, "
                          "...); choose another out")
     folder = RunDir(out)
@@ -325,16 +332,8 @@ def _read_values(path: Path) -> dict[int, dict[str, Any]]:
 
 
 # ------------------------------------------------------------------------------ signals
-def _pad(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    if tensor.shape[1] >= length:
-        return tensor[:, :length]
-    return torch.nn.functional.pad(tensor, (0, length - tensor.shape[1]))
-
-
 def _teacher_config(settings: SignalConfig) -> TeacherPromptConfig:
-    template = ({} if settings.answer_template is None
-                else {"answer_template": settings.answer_template})
-    return TeacherPromptConfig(placement=cast(Any, settings.placement), **template)
+    return teacher_config(settings.placement, settings.answer_template)
 
 
 def _signal_key(settings: SignalConfig) -> tuple[Any, ...]:
@@ -344,29 +343,27 @@ def _signal_key(settings: SignalConfig) -> tuple[Any, ...]:
 @torch.no_grad()
 def _signals(runtime: Any, temperature: float, settings: SignalConfig,
              rows: list[dict[str, Any]], problems: list[Problem]) -> dict[str, torch.Tensor]:
-    """The trainer's no-grad signal pass (``Trainer.score``) over ``rows``: ``[N, T]`` CPU
-    float32 student log-probs, entropy, teacher log-probs, divergence and mask."""
+    """The trainer's no-grad signal pass (:class:`gear_rl.train.scoring.SignalPass`, as
+    ``Trainer.score`` runs it) over ``rows``: ``[N, T]`` CPU float32 student log-probs, entropy,
+    teacher log-probs, divergence and mask."""
     teacher = _teacher_config(settings)
-    length = max(len(r["response_ids"]) for r in rows)
-    parts: dict[str, list[torch.Tensor]] = {}
-    for start in range(0, len(rows), settings.batch_size):
-        chunk = list(range(start, min(start + settings.batch_size, len(rows))))
-        teachers = [teacher_prompt_ids(runtime.tokenizer, problems[i].prompt,
-                                       problems[i].reference,
-                                       kind=cast(Any, problems[i].reference_kind),
-                                       config=teacher) for i in chunk]
+    signals = SignalPass(runtime.model, temperature=temperature,
+                         chunk_size=settings.chunk_size, divergence=settings.divergence,
+                         topk=settings.topk)
+
+    def compute(chunk: list[int]) -> dict[str, torch.Tensor]:
         with runtime.autocast_context():
-            sig = token_signals(runtime.model, [rows[i]["prompt_ids"] for i in chunk], teachers,
-                                [rows[i]["response_ids"] for i in chunk],
-                                response_mask=[rows[i].get("policy_mask")
-                                               or [1] * len(rows[i]["response_ids"])
-                                               for i in chunk],
-                                temperature=temperature,
-                                estimator=cast(Any, settings.divergence), topk=settings.topk,
-                                chunk_size=settings.chunk_size)
-        for name in ("student_logprobs", "entropy", "teacher_logprobs", "divergence", "mask"):
-            parts.setdefault(name, []).append(_pad(getattr(sig, name).float().cpu(), length))
-    return {name: torch.cat(values) for name, values in parts.items()}
+            fields = signals([rows[i]["prompt_ids"] for i in chunk],
+                             [prompt_pair(runtime.tokenizer, problems[i], teacher)[1]
+                              for i in chunk],
+                             [rows[i]["response_ids"] for i in chunk],
+                             [rows[i].get("policy_mask") or [1] * len(rows[i]["response_ids"])
+                              for i in chunk])
+        fields["student_logprobs"] = fields.pop("logprobs")
+        return {name: value.cpu() for name, value in fields.items()}
+
+    length = max(len(r["response_ids"]) for r in rows)
+    return score_in_chunks(len(rows), settings.batch_size, length, compute)
 
 
 def _step_extras(row: EstimatorRow, trajectories: list[dict[str, Any]],
@@ -423,7 +420,7 @@ def _draw_problems(task: Task, check: CreditCheckConfig) -> tuple[list[int], Seq
         raise ValueError(f"groups={check.groups} exceeds the task's {len(pool)} {check.split} "
                          "problems")
     order = list(range(len(pool)))
-    random.Random(_seed(check.seed, 17)).shuffle(order)
+    random.Random(sequence_seed(check.seed, 17)).shuffle(order)
     return order[:check.groups], pool
 
 
@@ -437,7 +434,7 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
         problems = [pool[i] for i in indices for _ in range(k)]
         prompts = [build_prompt_ids(runtime.tokenizer, p.prompt) for p in problems]
         generator = torch.Generator(device=runtime.device).manual_seed(
-            _seed(check.seed, 1, batch_index))
+            sequence_seed(check.seed, 1, batch_index))
         result = collect(task, problems, prompts, **rollout_settings(config, runtime),
                          generator=generator)
         for j, problem in enumerate(problems):
@@ -563,7 +560,6 @@ def credit_check(
             variant whose inputs are missing (:func:`plan_rows`), an ``out`` holding other
             settings or other files.
     """
-    from gear_rl.credit_check.output import write_outputs
     from gear_rl.train.runtime import build_runtime
 
     check = check if check is not None else CreditCheckConfig()
@@ -587,7 +583,7 @@ def credit_check(
                                 checkpoint=checkpoint, run_dir=out)
         try:
             return _run(config, check, out, runtime, task, chosen, pool, rows_plan, skipped,
-                        checkpoint, checkpoint_step, write_outputs)
+                        checkpoint, checkpoint_step)
         finally:
             runtime.close()
     finally:
@@ -596,21 +592,15 @@ def credit_check(
 
 def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any, task: Task,
          chosen: list[int], pool: Sequence[Problem], rows_plan: list[EstimatorRow],
-         skipped: dict[str, str], checkpoint: str | Path | None, checkpoint_step: int,
-         write_outputs: Any) -> CreditCheckResult:
+         skipped: dict[str, str], checkpoint: str | Path | None, checkpoint_step: int
+         ) -> CreditCheckResult:
     started = time.perf_counter()
     rollout = config.rollout
     multi_turn = task.agent is not None or task.env is not None
-    teacher = _teacher_config(config.signals)
-    check_prompt_lengths(
-        ((p.id, max(build_prompt_ids(runtime.tokenizer, p.prompt),
-                    teacher_prompt_ids(runtime.tokenizer, p.prompt, p.reference,
-                                       kind=cast(Any, p.reference_kind), config=teacher),
-                    key=len))
-         for p in (pool[i] for i in chosen)),
-        getattr(runtime.model.config, "max_position_embeddings", None),
-        new_tokens=(agent_limits(config, task).max_response_tokens if multi_turn
-                    else rollout.max_new_tokens), source=task.name)
+    check_prompts_fit(runtime.tokenizer, runtime.model, (pool[i] for i in chosen),
+                      _teacher_config(config.signals), source=task.name,
+                      new_tokens=(agent_limits(config, task).max_response_tokens if multi_turn
+                                  else rollout.max_new_tokens))
     segment_estimator, segment_config = _segment_config(config)
     settings = {
         "model": config.model, "weights": _weights_fingerprint(runtime.model),
@@ -633,7 +623,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         settings["segments"] = {"estimator": segment_estimator.name,
                                 "config": repr(segment_config),
                                 "signals": list(_signal_key(config.signals))}
-    state_path = out / STATE
+    state_path = out / CREDIT_CHECK_TRAJECTORIES
     signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]] = {}
     if state_path.is_file():
         state = json.loads(state_path.read_text(encoding="utf-8"))
@@ -674,7 +664,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                              "(the task changed); choose another out")
 
     # ---- the truth, one trajectory at a time, resumable
-    values_path = out / VALUES
+    values_path = out / CREDIT_CHECK_VALUES
     done = _read_values(values_path)
     spent = sum(int(r["tokens"]) for r in done.values())
     progress = None
@@ -695,7 +685,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                 break
             row = rows[index]
             mark = time.perf_counter()
-            seeds = [_seed(check.seed, 2, index, r) for r in range(check.replicates)]
+            seeds = [sequence_seed(check.seed, 2, index, r) for r in range(check.replicates)]
             if multi_turn:
                 values = estimate_episode_values(
                     _episode_continuer(runtime, config, task, problems[index],

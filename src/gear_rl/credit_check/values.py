@@ -12,7 +12,7 @@ token, or its budget is spent) there is nothing to sample, and ``V_L`` is the tr
 reward, exactly.
 
 Continuations of one trajectory share its prefix's KV cache through
-:func:`gear_rl.train.rollout.sample_continuations` (one forward over the prompt and response,
+:func:`gear_rl.sampling.sample_continuations` (one forward over the prompt and response,
 then every cut's continuations decoded from the cached prefix). With ``shared=False`` every
 cut's prefix is sampled from afresh with ``sample_responses`` instead (the same distribution;
 the benchmark's baseline). Cuts are sampled in calls of one decoding batch whose budgets are
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from gear_rl.agent.loop import EpisodePrefix
-from gear_rl.train.rollout import sample_continuations, sample_responses
+from gear_rl.sampling import SamplingParams, sample_continuations, sample_responses
 
 __all__ = [
     "ContinueFn",
@@ -229,7 +229,7 @@ def sample_from_prefixes(
         samples: continuations per cut.
         budgets: per cut, the most tokens a continuation may have (>= 1).
         stop_ids, pad_id, temperature, top_p, generator, batch_size: the sampler's settings
-            (:func:`gear_rl.train.rollout.sample_responses`).
+            (:class:`gear_rl.sampling.SamplingParams`).
         shared: True: one shared prefix KV cache (``sample_continuations``); False: every
             prefix sampled from afresh (``sample_responses`` on copies of each prefix).
         budget_band: cuts are sampled in calls of at most ``batch_size`` rows whose budgets
@@ -250,20 +250,19 @@ def sample_from_prefixes(
     prefix = [int(t) for t in prefix_ids]
     if min(cuts) < 1 or max(cuts) > len(prefix):
         raise ValueError(f"cuts must lie in [1, {len(prefix)}], got {min(cuts)}..{max(cuts)}")
-    common: dict[str, Any] = {"stop_ids": list(stop_ids), "pad_id": pad_id,
-                              "temperature": temperature, "top_p": top_p,
-                              "generator": generator, "batch_size": batch_size}
+    sampling = SamplingParams(max_new_tokens=max(budgets), stop_ids=stop_ids, pad_id=pad_id,
+                              temperature=temperature, top_p=top_p, batch_size=batch_size)
     per_cut: list[tuple[list[list[int]], list[bool]]] = []
     for chunk in _budget_chunks(budgets, samples, batch_size, budget_band):
         part = [int(cuts[i]) for i in chunk]
-        longest = max(budgets[i] for i in chunk)
+        call = replace(sampling, max_new_tokens=max(budgets[i] for i in chunk))
         if shared:
-            rollouts = sample_continuations(sampler, prefix, part, samples,
-                                            max_new_tokens=longest, **common)
-            per_cut += [(list(r.response_ids), list(r.finished)) for r in rollouts]
+            drawn = sample_continuations(sampler, prefix, part, samples, call,
+                                         generator=generator)
+            per_cut += [(list(r.response_ids), list(r.finished)) for r in drawn]
         else:
             prompts = [prefix[:c] for c in part for _ in range(samples)]
-            result = sample_responses(sampler, prompts, max_new_tokens=longest, **common)
+            result = sample_responses(sampler, prompts, call, generator=generator)
             per_cut += [(result.response_ids[i * samples:(i + 1) * samples],
                          result.finished[i * samples:(i + 1) * samples])
                         for i in range(len(part))]
@@ -442,7 +441,7 @@ def estimate_episode_values(
 
 def nucleus_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0
                   ) -> torch.Tensor:
-    """``[B, V]`` float64: the distribution :func:`gear_rl.train.rollout.sample_next_token`
+    """``[B, V]`` float64: the distribution :func:`gear_rl.sampling.sample_next_token`
     samples from: ``softmax(logits / temperature)`` restricted to the top-p nucleus (a token is
     kept while the mass strictly before it is below ``top_p``) and renormalised."""
     probs = torch.softmax(logits.double() / temperature, dim=-1)

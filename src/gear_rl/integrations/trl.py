@@ -58,9 +58,11 @@ Everything else (generation, rewards, loss, logging, vLLM, multi-process) is TRL
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from dataclasses import dataclass, field
-from typing import Any, cast
+from types import MappingProxyType
+from typing import Any, TypeVar, cast
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -69,6 +71,7 @@ from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, get_estim
 from gear_rl.credit.diagnostics import reference_outcome, token_weights
 from gear_rl.credit.registry import ESTIMATORS as REGISTRY
 from gear_rl.credit.registry import estimator_names
+from gear_rl.dataclass_config import field_docs
 from gear_rl.integrations.teacher_inputs import (
     APPENDED,
     NO_REFERENCE,
@@ -78,10 +81,9 @@ from gear_rl.integrations.teacher_inputs import (
     lookup_reference,
     teacher_prompt_ids,
 )
-from gear_rl.signals import ESTIMATORS as DIVERGENCE_ESTIMATORS
-from gear_rl.signals import TeacherPromptConfig, response_logprobs, token_signals
+from gear_rl.signals import DIVERGENCE_KINDS, TeacherPromptConfig, response_logprobs, token_signals
 from gear_rl.signals import prompt_ids as render_prompt_ids
-from gear_rl.signals.divergence import Estimator as DivergenceEstimator
+from gear_rl.signals.divergence import DivergenceKind
 from gear_rl.signals.teacher import PLACEMENTS, REFERENCE_KINDS, Placement
 
 # Config field -> TeacherPromptConfig field, for the hint wording overrides.
@@ -89,6 +91,7 @@ _TEMPLATE_FIELDS = {"teacher_answer_template": "answer_template",
                     "teacher_solution_template": "solution_template",
                     "teacher_tool_call_template": "tool_call_template"}
 _HOWS = (SPLICED_HEAD, SPLICED_TAIL, RERENDERED, APPENDED, NO_REFERENCE)
+_ConfigT = TypeVar("_ConfigT")
 
 
 def _unsupported(estimator: Estimator) -> str | None:
@@ -123,6 +126,19 @@ def trl_estimator(name: str) -> Estimator:
                      f"choose one of {trl_estimator_names()}")
 
 
+def _help_from_docstring(cls: type[_ConfigT]) -> type[_ConfigT]:
+    """Give each field ``cls`` declares itself the ``help`` that TRL's command line
+    (``HfArgumentParser``) prints: its ``Attributes:`` entry, the field's one description."""
+    docs = field_docs(cls)
+    own = inspect.get_annotations(cls)
+    for config_field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if config_field.name in own:
+            config_field.metadata = MappingProxyType({**config_field.metadata,
+                                                      "help": docs[config_field.name]})
+    return cls
+
+
+@_help_from_docstring
 @dataclass
 class CreditGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus the credit estimator and how TRL feeds it.
@@ -141,40 +157,31 @@ class CreditGRPOConfig(GRPOConfig):
             student prompt as teacher (zero divergence).
         reference_kind: ``answer``, ``solution`` or ``tool_call`` (which hint wording).
         teacher_placement: where the hint goes: ``user_end``, ``new_user_turn`` or ``system``.
-        teacher_answer_template, teacher_solution_template, teacher_tool_call_template: hint
-            wording per kind; ``None`` is the library's (one hint for every engine).
-        divergence: ``full`` (exact reverse KL), ``topk``, ``k1`` or ``k3``.
+        teacher_answer_template: hint for an answer reference, with ``{reference}``; ``None``:
+            the library's (one hint for every engine).
+        teacher_solution_template: hint for a solution reference, with ``{reference}``;
+            ``None``: the library's.
+        teacher_tool_call_template: hint for a gold tool call, with ``{reference}``; ``None``:
+            the library's.
+        divergence: the per-token divergence: ``full`` (exact reverse KL over the vocabulary;
+            TRL holds both distributions), ``topk``, ``k1`` or ``k3``.
         divergence_topk: support size for ``divergence="topk"``.
-        signal_chunk_size: response positions per LM-head chunk in the signal pass.
+        signal_chunk_size: response positions per LM-head chunk in the signal pass (``None``:
+            automatic).
     """
 
-    estimator: str = field(default="gear", metadata={
-        "help": "A registered token-level credit estimator (trl_estimator_names()); GEAR, "
-                "arXiv 2605.11853, by default."})
-    credit: dict[str, Any] | str | None = field(default=None, metadata={
-        "help": "The estimator's config fields, e.g. {'lambda_kl': 0.1}; None: its defaults."})
-    plugins: list[str] = field(default_factory=list, metadata={
-        "help": "Modules to import first; they register more estimators."})
-    reference_column: str = field(default="reference", metadata={
-        "help": "Dataset column (or dotted path into a nested one) holding each example's "
-                "reference: answer, solution or gold tool call."})
-    reference_kind: str = field(default="answer", metadata={
-        "help": "Hint wording: 'answer', 'solution' or 'tool_call'."})
-    teacher_placement: str = field(default=TeacherPromptConfig.placement, metadata={
-        "help": "Hint placement: 'user_end', 'new_user_turn' or 'system'."})
-    teacher_answer_template: str | None = field(default=None, metadata={
-        "help": "Hint for an answer reference, with '{reference}'; None: the library's."})
-    teacher_solution_template: str | None = field(default=None, metadata={
-        "help": "Hint for a solution reference, with '{reference}'; None: the library's."})
-    teacher_tool_call_template: str | None = field(default=None, metadata={
-        "help": "Hint for a gold tool call, with '{reference}'; None: the library's."})
-    divergence: str = field(default="full", metadata={
-        "help": "Per-token divergence: 'full' (exact; TRL holds both distributions), 'topk', "
-                "'k1' or 'k3'."})
-    divergence_topk: int | None = field(default=None, metadata={
-        "help": "Support size for divergence='topk'."})
-    signal_chunk_size: int | None = field(default=None, metadata={
-        "help": "Response positions per LM-head chunk in the signal pass (None: automatic)."})
+    estimator: str = "gear"
+    credit: dict[str, Any] | str | None = None
+    plugins: list[str] = field(default_factory=list)
+    reference_column: str = "reference"
+    reference_kind: str = "answer"
+    teacher_placement: str = TeacherPromptConfig.placement
+    teacher_answer_template: str | None = None
+    teacher_solution_template: str | None = None
+    teacher_tool_call_template: str | None = None
+    divergence: str = "full"
+    divergence_topk: int | None = None
+    signal_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -220,8 +227,8 @@ class CreditGRPOConfig(GRPOConfig):
             if template is not None and (not isinstance(template, str)
                                          or "{reference}" not in template):
                 raise ValueError(f"{name} must be None or a str containing '{{reference}}'")
-        if self.divergence not in DIVERGENCE_ESTIMATORS:
-            raise ValueError(f"divergence must be one of {DIVERGENCE_ESTIMATORS}, "
+        if self.divergence not in DIVERGENCE_KINDS:
+            raise ValueError(f"divergence must be one of {DIVERGENCE_KINDS}, "
                              f"got {self.divergence!r}")
         if (self.divergence == "topk") != (self.divergence_topk is not None):
             raise ValueError("divergence_topk is required with divergence='topk' and refused "
@@ -333,7 +340,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                 scores = token_signals(
                     model, prompts, teacher_prompts, completion_ids.tolist(),
                     temperature=self.temperature,
-                    estimator=cast(DivergenceEstimator, args.divergence),  # checked in config
+                    estimator=cast(DivergenceKind, args.divergence),  # checked in config
                     topk=args.divergence_topk, response_mask=policy,
                     chunk_size=args.signal_chunk_size)
                 signals = {"divergence": scores.divergence, "entropy": scores.entropy,

@@ -1,15 +1,12 @@
-"""Plots and the token-credit viewer of a run (``gear-rl report``), and the method comparison
-across seeds (``gear-rl compare``). Reads what the trainer writes: ``config.yaml``,
-``metrics.jsonl``, ``samples.jsonl``."""
+"""Reading runs, never making them: the plots and the token-credit viewer of a run (``gear-rl
+report``) and the method comparison across seeds of finished runs (``gear-rl compare``). Reads
+what the trainer writes (``config.yaml``, ``metrics.jsonl``, ``samples.jsonl``,
+``summary.json``) and the credit check's ``credit_check.json``, by :mod:`gear_rl.rundir`'s
+names. It imports neither the trainer nor the credit check: training the runs of a comparison
+is :mod:`gear_rl.study.compare`'s.
+"""
 
-from gear_rl.report.compare import (
-    Comparison,
-    MethodResult,
-    compare_runs,
-    run_comparison,
-    t_interval,
-    welch_test,
-)
+from gear_rl.report.compare import Comparison, MethodResult, compare_runs
 from gear_rl.report.data import RunData, load_run, normalized_divergence, top_divergence_tokens
 from gear_rl.report.html import Report, build_report
 from gear_rl.report.plots import training_curves
@@ -23,9 +20,6 @@ __all__ = [
     "compare_runs",
     "load_run",
     "normalized_divergence",
-    "run_comparison",
-    "t_interval",
     "top_divergence_tokens",
     "training_curves",
-    "welch_test",
 ]

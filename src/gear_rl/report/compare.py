@@ -1,9 +1,9 @@
-"""``gear-rl compare``: held-out Mean@k of several credit estimators over several seeds.
-
-Either reads existing run directories or trains each ``(estimator, seed)`` with the same config
-and budget, in process and one after another. Writes ``compare.md`` (a table of the final
-held-out Mean@k per method with a t-interval over seeds, and each method against the baseline)
-and ``curves.png`` (the held-out and training-reward curves of every method on one figure).
+"""``gear-rl compare``: held-out Mean@k of several credit estimators over several seeds, read
+from their run directories (:func:`compare_runs`; training them first, ``gear-rl compare
+--estimators``, is :func:`gear_rl.study.compare.run_comparison`'s). Writes ``compare.md`` (a
+table of the final held-out Mean@k per method with a t-interval over seeds, and each method
+against the baseline), ``compare.json`` and ``curves.png`` (the held-out and training-reward
+curves of every method on one figure).
 
 Only like is compared with like: runs that differ in a setting of :data:`COMPARABLE` (task,
 model, training budget, evaluation) are refused unless ``allow_mismatch`` is given, and then the
@@ -11,46 +11,37 @@ written tables name the settings that differ. A run that did not finish (no ``su
 its last held-out eval before its configured last step) has no final score: it is listed as
 unfinished and left out of the statistics.
 
-Statistics are over seeds only: by default the trainer logs aggregate eval metrics, not
+Statistics are over seeds only (:func:`gear_rl.stats.t_interval`,
+:func:`gear_rl.stats.welch_test`): by default the trainer logs aggregate eval metrics, not
 per-problem results. ``gear-rl study`` (:mod:`gear_rl.study`) trains with ``eval.records=true``
-and compares methods problem by problem with a paired bootstrap; it builds on the pieces here
-(:data:`COMPARABLE`, :func:`mismatched_configs`, :func:`run_state`, :func:`welch_test`,
-:func:`band_plot`). The decision rule is spelled out in the output (:data:`RULE`).
+and compares methods problem by problem with a paired bootstrap (:mod:`gear_rl.stats`); it
+checks its cells with the pieces here (:data:`COMPARABLE`, :func:`mismatched_configs`,
+:func:`mismatch_error`). The decision rule is spelled out in the output (:data:`RULE`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import statistics
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import scipy.stats
-from matplotlib.figure import Figure
-
+from gear_rl.figures import Plot, band_plot, figure_png
 from gear_rl.report.data import RunData, load_run
-from gear_rl.report.plots import Plot, figure_png
 from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from gear_rl.stats import WelchResult, t_interval, welch_test
 
 __all__ = [
     "COMPARABLE",
     "RULE",
     "Comparison",
     "MethodResult",
-    "band_plot",
     "compare_runs",
+    "format_comparison",
     "mismatch_error",
     "mismatched_configs",
     "mismatched_settings",
-    "run_comparison",
-    "run_state",
-    "t_interval",
-    "welch_test",
 ]
 
 RULE = ("A method's difference from the baseline counts as real only if Welch's two-sided "
@@ -68,58 +59,6 @@ COMPARABLE = ("task", "task_options", "instruction", "eval_data", "train_size", 
               "eval.size", "eval.k", "eval.temperature", "eval.top_p", "eval.max_new_tokens",
               "eval.seed")
 UNSET = "(unset)"  # how a setting missing from a run's config.yaml is shown
-
-
-# ------------------------------------------------------------------------------ statistics
-def t_interval(values: Sequence[float], confidence: float = 0.95
-               ) -> tuple[float, float | None, float | None]:
-    """``(mean, low, high)``: the Student-t confidence interval of the mean of ``values``
-    (``low = high = None`` for a single value: no interval exists)."""
-    if not values:
-        raise ValueError("values must not be empty")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, None, None
-    half = (float(scipy.stats.t.ppf(0.5 + confidence / 2.0, len(values) - 1))
-            * statistics.stdev(values) / math.sqrt(len(values)))
-    return mean, mean - half, mean + half
-
-
-@dataclass(frozen=True)
-class WelchResult:
-    """Welch's unequal-variance t-test of ``mean(a) - mean(b)``.
-
-    Attributes:
-        difference: ``mean(a) - mean(b)``.
-        t, df: the statistic and Welch-Satterthwaite degrees of freedom (None when both
-            samples have zero variance).
-        p: two-sided p-value (0.0 or 1.0 in the zero-variance case: the means differ or not).
-    """
-
-    difference: float
-    t: float | None
-    df: float | None
-    p: float
-
-
-def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult | None:
-    """Welch's two-sided t-test (``scipy.stats.ttest_ind(a, b, equal_var=False)``); None when
-    either sample has fewer than 2 values."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    difference = statistics.fmean(a) - statistics.fmean(b)
-    # Checked with exact variances first: scipy's floating-point variance of identical values
-    # can come out a rounding error above zero, which would turn "no spread" into a huge t.
-    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:
-        return WelchResult(difference, None, None, 1.0 if difference == 0 else 0.0)
-    with warnings.catch_warnings():
-        # scipy warns of "catastrophic cancellation" when one side has (almost) no spread; the
-        # test is still right there (it matches the closed form, tests/test_compare.py).
-        warnings.simplefilter("ignore", RuntimeWarning)
-        test = scipy.stats.ttest_ind(a, b, equal_var=False)
-    return WelchResult(difference, float(test.statistic), float(test.df), float(test.pvalue))
 
 
 # ------------------------------------------------------------------------------ runs
@@ -318,51 +257,6 @@ def mismatch_error(mismatch: dict[str, dict[str, Any]], *, command: str = "compa
         verb = "differs" if len(group) == 1 else "differ"
         parts.append(f"{_names(group)} {verb} from {_names(reference)} in {', '.join(differing)}")
     return f"{command}: the runs are not comparable: {'; '.join(parts)}; {remedy}"
-
-
-def _mean_curve(curves: list[tuple[list[int], list[float]]]
-                ) -> tuple[list[int], list[float], list[float], list[float]]:
-    """Per step present in any run: mean, min and max over the runs that have it."""
-    by_step: dict[int, list[float]] = {}
-    for steps, values in curves:
-        for step, value in zip(steps, values, strict=True):
-            by_step.setdefault(step, []).append(value)
-    steps = sorted(by_step)
-    return (steps, [statistics.fmean(by_step[s]) for s in steps],
-            [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps])
-
-
-Curve = tuple[list[int], list[float]]  # (steps, values) of one run
-
-
-def band_plot(name: str, title: str, panels: Sequence[tuple[str, str]],
-              methods: Sequence[tuple[str, Sequence[Sequence[Curve]]]]) -> Plot:
-    """One figure with a panel per ``(title, ylabel)`` of ``panels`` (x: training step). Each
-    method, ``(label, per panel the curves of its runs)``, is drawn in every panel as the mean
-    over its runs at each step, shaded between the lowest and highest run (the seed band) when
-    it has more than one run; a panel with no line has no legend."""
-    figure = Figure(figsize=(5.5 * len(panels), 4.0), layout="constrained")
-    axes_list = figure.subplots(1, len(panels), squeeze=False)[0]
-    for axes, (panel_title, ylabel) in zip(axes_list, panels, strict=True):
-        axes.set_title(panel_title)
-        axes.set_xlabel("training step")
-        axes.set_ylabel(ylabel)
-        axes.grid(alpha=0.3)
-    for index, (label, per_panel) in enumerate(methods):
-        # ten colours, then the same colours dashed, then dotted: every method its own line
-        colour, style = f"C{index % 10}", ("-", "--", ":")[(index // 10) % 3]
-        for axes, curves in zip(axes_list, per_panel, strict=True):
-            steps, mean, low, high = _mean_curve(list(curves))
-            if not steps:
-                continue
-            axes.plot(steps, mean, color=colour, linestyle=style, label=label,
-                      marker="o" if len(steps) < 30 else None, markersize=3)
-            if len(curves) > 1:
-                axes.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
-    for axes in axes_list:
-        if axes.lines:
-            axes.legend(fontsize="small")
-    return Plot(name, title, figure)
 
 
 def curves_plot(methods: list[MethodResult], metric: str) -> Plot:
@@ -611,112 +505,3 @@ def _as_json(comparison: Comparison) -> dict[str, Any]:
 def format_comparison(comparison: Comparison) -> str:
     """The comparison table as text for the terminal (the Markdown table)."""
     return _markdown(comparison).split("\n## Runs")[0].rstrip()
-
-
-_RESERVED = ("estimator", "seed", "out", "resume")
-
-RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
-
-
-def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
-              ignore: Sequence[str] = ()) -> str:
-    """What the planned run directory ``run_dir`` holds for a run of config ``wanted`` (a
-    :func:`~gear_rl.train.config.config_to_dict` dict with ``out`` set): ``new`` (no run yet),
-    ``finished`` (its ``summary.json``), ``interrupted`` (a checkpoint to resume from) or
-    ``no_checkpoint`` (interrupted before its first checkpoint).
-
-    The saved config is read as this version reads a run's config to resume it: an option
-    added since the run was written counts as its default.
-
-    Raises:
-        ValueError: the folder holds a run of another config; ``ignore`` names top-level
-            config keys left out of that check (settings a resume may change).
-    """
-    from gear_rl.train.config import config_from_dict, config_to_dict
-
-    run = RunDir(run_dir)
-    if not run.is_run():
-        return "new"
-    saved = run.read_config()
-    with contextlib.suppress(ValueError):  # a key this version does not know: a difference
-        saved = config_to_dict(config_from_dict(saved))
-    saved = {k: v for k, v in saved.items() if k not in ignore}
-    expected = {k: v for k, v in wanted.items() if k not in ignore}
-    if saved != expected:
-        state = "a finished" if run.finished() else "an interrupted"
-        changed = sorted(k for k in expected.keys() | saved.keys()
-                         if saved.get(k) != expected.get(k))
-        raise ValueError(f"{run_dir} holds {state} run with another config (differs in "
-                         f"{changed})")
-    if run.finished():
-        return "finished"
-    return "interrupted" if run.latest_checkpoint() is not None else "no_checkpoint"
-
-
-def run_comparison(estimators: Sequence[str], seeds: Sequence[int], out: str | Path, *,
-                   config_path: str | Path | None = None, overrides: Sequence[str] = (),
-                   baseline: str | None = None, confidence: float = 0.95,
-                   alpha: float = 0.05, allow_mismatch: bool = False) -> Comparison:
-    """Train every ``(estimator, seed)`` with the same config and budget, one after another in
-    this process, into ``out/<estimator>-s<seed>``, then :func:`compare_runs` them into ``out``.
-
-    An interrupted comparison continues where it stopped: a run directory that holds a finished
-    run (``summary.json``) with the same config is reused, and one that holds an interrupted
-    run (a checkpoint, no summary) with the same config is resumed from its latest checkpoint
-    (``resume=RUN_DIR``).
-
-    Args:
-        estimators: registered estimator names (``gear_rl.credit.ESTIMATORS``).
-        seeds: seeds, the same for every estimator.
-        out: the comparison folder.
-        config_path: a ``gear-rl train`` YAML config shared by all runs.
-        overrides: ``key=value`` train overrides shared by all runs (not estimator, seed, out).
-
-    Raises:
-        ValueError: empty or duplicate estimators/seeds, a reserved override, a config the
-            trainer rejects, a run directory holding a run with another config, or one holding
-            a run interrupted before its first checkpoint (nothing to resume from); all checked
-            for every run before any training starts.
-    """
-
-    from gear_rl.train.config import config_to_dict, load_config
-
-    if not estimators or not seeds:
-        raise ValueError("compare: give at least one estimator and one seed")
-    if len(set(estimators)) != len(estimators) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"compare: duplicate estimators or seeds ({list(estimators)}, "
-                         f"{list(seeds)})")
-    for item in overrides:
-        key = item.split("=", 1)[0].strip()
-        if key in _RESERVED:
-            raise ValueError(f"compare: {key}= is set per run by compare; drop {item!r}")
-    folder = Path(out)
-    configs = []
-    for estimator in estimators:
-        for seed in seeds:
-            run_dir = folder / f"{estimator}-s{seed}"
-            config = load_config(config_path, [*overrides, f"estimator={estimator}",
-                                               f"seed={seed}", f"out={run_dir}"])
-            configs.append((run_dir, config))
-    from gear_rl.train.trainer import Trainer, resume_config
-
-    todo = []  # what to train: new runs, and interrupted ones resumed from their checkpoint
-    for run_dir, config in configs:
-        wanted = config_to_dict(config)
-        wanted["out"] = str(run_dir)
-        try:
-            state = run_state(run_dir, wanted)
-        except ValueError as error:
-            raise ValueError(f"compare: {error}; choose another --out") from None
-        if state == "new":
-            todo.append(config)
-        elif state == "no_checkpoint":
-            raise ValueError(f"compare: {run_dir} holds a run interrupted before its first "
-                             "checkpoint (nothing to resume from); remove it to train it again, "
-                             "or choose another --out")
-        elif state == "interrupted":
-            todo.append(resume_config(run_dir))
-    for config in todo:
-        Trainer(config).train()
-    return compare_runs([run_dir for run_dir, _ in configs], folder, baseline=baseline,
-                        confidence=confidence, alpha=alpha, allow_mismatch=allow_mismatch)

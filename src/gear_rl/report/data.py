@@ -1,4 +1,6 @@
-"""Reading a run directory for the report: ``config.yaml``, ``metrics.jsonl``, ``samples.jsonl``.
+"""Reading a run directory for the report: ``config.yaml``, ``metrics.jsonl``, ``samples.jsonl``,
+``summary.json`` and the credit check's ``credit_check/credit_check.json`` (the names are
+:mod:`gear_rl.rundir`'s).
 
 The readers are tolerant by design: unknown keys are kept, missing or null per-token fields stay
 ``None`` (GRPO logs no divergence; step-level estimators may add keys), and a metric that a run
@@ -19,11 +21,7 @@ from typing import Any
 
 from gear_rl.credit.config import GEARConfig
 from gear_rl.credit.segments import normalize_reference
-from gear_rl.rundir import (
-    CONFIG,
-    METRICS,
-    RunDir,
-)
+from gear_rl.rundir import CONFIG, CREDIT_CHECK_DIR, CREDIT_CHECK_JSON, METRICS, RunDir
 
 __all__ = [
     "RunData",
@@ -131,9 +129,7 @@ def credit_check_samples(run_dir: str | Path) -> tuple[list[dict[str, Any]], int
     run's own estimator's ``token_advantage`` and ``weight``, and the checkpoint step they were
     sampled at. ``([], None)`` when the run has no credit check; a malformed file raises
     ``ValueError`` naming it."""
-    from gear_rl.credit_check.run import CREDIT_CHECK_DIR, RESULT_JSON
-
-    path = Path(run_dir) / CREDIT_CHECK_DIR / RESULT_JSON
+    path = Path(run_dir) / CREDIT_CHECK_DIR / CREDIT_CHECK_JSON
     if not path.is_file():
         return [], None
     try:

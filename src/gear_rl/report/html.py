@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.figures import figure_png
 from gear_rl.report.assets import SCRIPT, STYLE
 from gear_rl.report.data import (
     RunData,
@@ -26,7 +27,7 @@ from gear_rl.report.data import (
     policy_mask,
     top_divergence_tokens,
 )
-from gear_rl.report.plots import figure_png, training_curves
+from gear_rl.report.plots import training_curves
 from gear_rl.rundir import atomic_write_bytes, atomic_write_text
 
 __all__ = ["Report", "build_report", "render_html", "viewer_data"]

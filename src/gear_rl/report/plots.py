@@ -1,61 +1,18 @@
-"""Training curves of one run as PNG files (matplotlib, no display needed).
-
-Each curve is its own figure so that a reader can drop one into a paper or an issue. The PNGs
-carry their title and axis labels as text chunks (``Title``, ``Axes``) so that a test, or a
-script sorting hundreds of plots, can tell what a file shows without looking at it.
-"""
+"""Training curves of one run (``gear-rl report``), one :class:`~gear_rl.figures.Plot` per
+curve: each its own figure, so that a reader can drop one into a paper or an issue. They are
+written as PNG files by :mod:`gear_rl.figures`."""
 
 from __future__ import annotations
 
-import io
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from gear_rl.figures import Plot
 from gear_rl.report.data import RunData, eval_keys, weight_stats_by_step
-from gear_rl.rundir import atomic_write_bytes
 
-__all__ = ["Plot", "figure_png", "save_plot", "training_curves"]
-
-
-@dataclass
-class Plot:
-    """One finished figure.
-
-    Attributes:
-        name: file stem (``reward`` -> ``reward.png``).
-        title: what it shows, one line.
-        figure: the matplotlib figure (labelled axes).
-    """
-
-    name: str
-    title: str
-    figure: Figure
-
-    @property
-    def labels(self) -> list[dict[str, str]]:
-        """Each axes' ``xlabel``/``ylabel``/``title``, in drawing order."""
-        return [{"xlabel": axes.get_xlabel(), "ylabel": axes.get_ylabel(),
-                 "title": axes.get_title()} for axes in self.figure.axes]
-
-
-def figure_png(plot: Plot, dpi: int = 110) -> bytes:
-    """The plot as PNG bytes, with ``Title`` and ``Axes`` (JSON of the labels) text chunks."""
-    buffer = io.BytesIO()
-    plot.figure.savefig(buffer, format="png", dpi=dpi, metadata={
-        "Title": plot.title, "Axes": json.dumps(plot.labels), "Software": "gear-rl report"})
-    return buffer.getvalue()
-
-
-def save_plot(plot: Plot, folder: str | Path) -> Path:
-    """Write ``folder/<plot.name>.png`` atomically; returns its path."""
-    path = Path(folder) / f"{plot.name}.png"
-    atomic_write_bytes(path, figure_png(plot))
-    return path
+__all__ = ["training_curves"]
 
 
 def _figure(title: str, ylabel: str, xlabel: str = "training step") -> tuple[Figure, Axes]:

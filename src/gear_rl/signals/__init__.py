@@ -8,7 +8,7 @@ teacher prompts.
 """
 
 from gear_rl.signals.divergence import (
-    ESTIMATORS,
+    DIVERGENCE_KINDS,
     ResponseScores,
     TokenSignals,
     backbone_tokens,
@@ -25,7 +25,7 @@ from gear_rl.signals.teacher import (
 )
 
 __all__ = [
-    "ESTIMATORS",
+    "DIVERGENCE_KINDS",
     "ResponseScores",
     "TeacherPromptConfig",
     "TokenSignals",

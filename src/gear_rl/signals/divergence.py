@@ -3,7 +3,8 @@
 GEAR (Granularity-adaptivE Advantage Reweighting), arXiv 2605.11853, needs for every response
 token ``a_t``: the student's log-prob ``log pi(a_t | s_t)`` and entropy ``H_t``, the teacher's
 log-prob ``log pi(a_t | s*_t)`` (same model, ground-truth-conditioned prompt, same response
-prefix), and the reverse KL ``d_t = KL(pi(.|s_t) || pi(.|s*_t))``. Estimators (docs/design.md):
+prefix), and the reverse KL ``d_t = KL(pi(.|s_t) || pi(.|s*_t))``. Its kinds of estimate
+(:data:`DIVERGENCE_KINDS`, docs/design.md):
 
 - ``full``: ``sum_v p_s(v) (log p_s(v) - log p_t(v))``, exact over the vocabulary;
 - ``topk``: the same sum over the student's top-k tokens, both distributions renormalised there;
@@ -57,7 +58,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Literal, cast, get_args
 
 import torch
 from torch import nn
@@ -65,9 +66,10 @@ from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-Estimator = Literal["full", "topk", "k1", "k3"]
-ESTIMATORS: tuple[str, ...] = ("full", "topk", "k1", "k3")
-# The estimators that need only the sampled token's two log-probs (all verl's log-prob pass gives).
+# How the per-token divergence is estimated (``signals.divergence``); not a credit estimator.
+DivergenceKind = Literal["full", "topk", "k1", "k3"]
+DIVERGENCE_KINDS: tuple[str, ...] = get_args(DivergenceKind)
+# The kinds that need only the sampled token's two log-probs (all verl's log-prob pass gives).
 SAMPLED_TOKEN_ESTIMATORS: tuple[str, ...] = ("k3", "k1")
 # The largest log-ratio log(p_t / p_s) k3 exponentiates (see sampled_token_divergence).
 MAX_LOG_RATIO = 64.0
@@ -204,7 +206,7 @@ def token_signals(
     response_ids: Sequence[Sequence[int]],
     *,
     temperature: float = 1.0,
-    estimator: Estimator = "full",
+    estimator: DivergenceKind = "full",
     topk: int | None = None,
     response_mask: Sequence[Sequence[int]] | torch.Tensor | None = None,
     chunk_size: int | None = None,
@@ -276,8 +278,8 @@ def token_signals(
     responses = _id_lists("response_ids", response_ids, model)
     rows = _Rows(_policy_mask(response_mask, responses), responses, head.weight.device)
     temperature = _check_temperature(temperature)
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    if estimator not in DIVERGENCE_KINDS:
+        raise ValueError(f"estimator must be one of {DIVERGENCE_KINDS}, got {estimator!r}")
     if estimator == "topk":
         if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= vocab_size:
             raise ValueError(

@@ -2,7 +2,7 @@
 
 Per task: each method's held-out Mean@k (or pass@k) at the final step over its seeds and the
 held-out problems, with a bootstrap interval; each method against the baseline by the paired
-statistics of :mod:`gear_rl.study.stats` (difference, interval, minimum detectable difference,
+statistics of :mod:`gear_rl.stats` (difference, interval, minimum detectable difference,
 seed-level test, verdict); learning curves with seed bands (held-out score, training reward,
 policy entropy; GEAR's segment fraction and mean weight per advantage sign); and the tokens most
 often above a normalised divergence threshold (the paper's Figure 2 analysis). Only like is
@@ -21,19 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from gear_rl.report.compare import band_plot, mismatch_error, mismatched_settings
+from gear_rl.figures import band_plot, save_plot
+from gear_rl.report.compare import mismatch_error, mismatched_settings
 from gear_rl.report.data import RunData, TokenCount, load_run, top_divergence_tokens
-from gear_rl.report.plots import save_plot
 from gear_rl.rundir import RunDir, atomic_write_text
-from gear_rl.study.runner import machine_info
-from gear_rl.study.spec import Cell, MethodSpec, StudySpec, TaskSpec
-from gear_rl.study.stats import (
+from gear_rl.stats import (
     Difference,
     Estimate,
     bootstrap_mean,
     minimum_detectable,
     paired_difference,
 )
+from gear_rl.study.runner import machine_info
+from gear_rl.study.spec import Cell, MethodSpec, StudySpec, TaskSpec
 from gear_rl.train.evaluate import read_eval_records
 
 __all__ = ["CellResult", "MethodResult", "StudyResult", "TaskResult", "analyze_study",

@@ -20,6 +20,7 @@ cell folder holding a run of another config stops the study before anything trai
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -28,21 +29,20 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
-from gear_rl.report.compare import run_state
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import Cell, StudySpec
-from gear_rl.train.config import TrainConfig, config_to_dict
+from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
 from gear_rl.train.runtime import cpu_model
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
-           "machine_info", "plan_cells", "run_study", "select_cells"]
+           "machine_info", "plan_cells", "run_state", "run_study", "select_cells"]
 
 # Measured by benchmarks/study_parallel.py on the project's 2-core Xeon (AMX), shared with other
 # sessions (load average 8-12; docs/study.md): a pair of SmolLM2-135M cells (2 steps) took 544 s
@@ -98,7 +98,7 @@ def default_parallelism(cores: int | None = None, memory_gb: float | None = None
 
 @dataclass
 class Planned:
-    """A cell and what its folder holds now (:func:`gear_rl.report.compare.run_state`)."""
+    """A cell and what its folder holds now (:func:`run_state`)."""
 
     cell: Cell
     config: TrainConfig
@@ -150,6 +150,40 @@ def _config_file(cell: Cell, out: Path) -> Path:
 
 def _log_file(cell: Cell, out: Path) -> Path:
     return cell.run_dir(out).with_suffix(".log")
+
+
+def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
+              ignore: Sequence[str] = ()) -> str:
+    """What the planned run directory ``run_dir`` holds for a run of config ``wanted`` (a
+    :func:`~gear_rl.train.config.config_to_dict` dict with ``out`` set), one of
+    :data:`gear_rl.rundir.RUN_STATES` (:meth:`gear_rl.rundir.RunDir.state`): ``new`` (no run
+    yet), ``finished`` (its ``summary.json``), ``interrupted`` (a checkpoint to resume from) or
+    ``no_checkpoint`` (interrupted before its first checkpoint). Used by ``gear-rl study``
+    (:func:`plan_cells`) and ``gear-rl compare --estimators``
+    (:func:`gear_rl.study.compare.run_comparison`).
+
+    The saved config is read as this version reads a run's config to resume it: an option
+    added since the run was written counts as its default.
+
+    Raises:
+        ValueError: the folder holds a run of another config; ``ignore`` names top-level
+            config keys left out of that check (settings a resume may change).
+    """
+    run = RunDir(run_dir)
+    if not run.is_run():
+        return "new"
+    saved = run.read_config()
+    with contextlib.suppress(ValueError):  # a key this version does not know: a difference
+        saved = config_to_dict(config_from_dict(saved))
+    saved = {k: v for k, v in saved.items() if k not in ignore}
+    expected = {k: v for k, v in wanted.items() if k not in ignore}
+    if saved != expected:
+        state = "a finished" if run.finished() else "an interrupted"
+        changed = sorted(k for k in expected.keys() | saved.keys()
+                         if saved.get(k) != expected.get(k))
+        raise ValueError(f"{run_dir} holds {state} run with another config (differs in "
+                         f"{changed})")
+    return run.state()
 
 
 def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:

@@ -10,12 +10,22 @@ from typing import Any
 
 from gear_rl.tasks.agentic import ENV_NAMES, env_task, tool_math_task
 from gear_rl.tasks.answers import extract_answer, last_boxed, last_number
-from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task, check_prompt_lengths
+from gear_rl.tasks.base import (
+    DEFAULT_EVAL_SIZE,
+    DEFAULT_TRAIN_SIZE,
+    AgentSpec,
+    EnvSpec,
+    Problem,
+    Task,
+    check_prompt_lengths,
+)
 from gear_rl.tasks.math_check import is_blank_answer, math_equal
 from gear_rl.tasks.reasoning_gym_task import PRESETS, reasoning_gym_task
 from gear_rl.tasks.verl_data import SUFFIXES, load_rows, verl_task
 
 __all__ = [
+    "DEFAULT_EVAL_SIZE",
+    "DEFAULT_TRAIN_SIZE",
     "ENV_NAMES",
     "PRESETS",
     "AgentSpec",
@@ -41,8 +51,8 @@ def load_task(
     spec: str,
     *,
     options: Mapping[str, Any] | None = None,
-    train_size: int = 2000,
-    eval_size: int = 128,
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     instruction: str = "",
     eval_path: str | None = None,
@@ -64,7 +74,8 @@ def load_task(
       variants, ``Sokoban-v0``; the list and why others are left out:
       :mod:`gear_rl.envs.textarena`). ``options``: ``max_steps``, ``invalid_action_penalty``.
       Needs the ``envs`` extra. TextArena draws a Sokoban level in about 0.1 s, so
-      ``Sokoban-v0`` with the default 2000 training levels takes minutes to load.
+      ``Sokoban-v0`` with the default training size (:data:`DEFAULT_TRAIN_SIZE` levels) takes
+      minutes to load.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"task must be a non-empty string, got {spec!r}")

@@ -20,7 +20,14 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gear_rl.tasks.base import AgentSpec, EnvSpec, Problem, Task
+from gear_rl.tasks.base import (
+    DEFAULT_EVAL_SIZE,
+    DEFAULT_TRAIN_SIZE,
+    AgentSpec,
+    EnvSpec,
+    Problem,
+    Task,
+)
 
 __all__ = ["ENV_NAMES", "MT_GRPO_TURN_REWARDS", "TOOL_MATH_PRESET", "env_task", "tool_math_task"]
 
@@ -42,8 +49,8 @@ def tool_math_task(
     options: Mapping[str, Any] | None = None,
     tool_format: str = "markdown",
     max_turns: int = 3,
-    train_size: int = 2000,
-    eval_size: int = 128,
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     instruction: str = "",
     turn_rewards: tuple[float, float] = MT_GRPO_TURN_REWARDS,
@@ -132,8 +139,8 @@ def env_task(
     *,
     options: Mapping[str, Any] | None = None,
     max_turns: int | None = None,
-    train_size: int = 2000,
-    eval_size: int = 128,
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
 ) -> Task:
     """A text game as a multi-turn task: problem ``i`` is the level of one seed.

@@ -16,6 +16,14 @@ from gear_rl.agent.tools.sandbox import DEFAULT_PACKAGES
 if TYPE_CHECKING:
     from gear_rl.envs.base import TextEnv
 
+DEFAULT_TRAIN_SIZE = 2000
+"""Training problems of a task whose caller names no ``train_size``: reasoning-gym problems or
+environment levels generated (dataset files keep all their rows); ``gear-rl train``'s
+``train_size`` default."""
+DEFAULT_EVAL_SIZE = 128
+"""Held-out problems of a task whose caller names no ``eval_size`` (``gear-rl train`` passes
+its ``eval.size``)."""
+
 
 @dataclass(frozen=True)
 class Problem:

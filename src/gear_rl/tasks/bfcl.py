@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gear_rl.agent.parsing import parse_json_calls
-from gear_rl.tasks.base import AgentSpec, Problem, Task
+from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, AgentSpec, Problem, Task
 
 __all__ = [
     "BFCL_CATEGORIES",
@@ -402,7 +402,7 @@ def bfcl_problem(item: BFCLItem) -> Problem:
 def bfcl_task(
     categories: Sequence[str] = ("simple", "multiple", "parallel"),
     *,
-    eval_size: int = 128,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     train_size: int | None = None,
     data_dir: str | Path | None = None,

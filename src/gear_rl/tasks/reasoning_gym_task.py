@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gear_rl.tasks.answers import extract_answer
-from gear_rl.tasks.base import Problem, Task
+from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, DEFAULT_TRAIN_SIZE, Problem, Task
 
 __all__ = ["PRESETS", "reasoning_gym_task"]
 
@@ -46,8 +46,8 @@ def reasoning_gym_task(
     name: str,
     *,
     options: Mapping[str, Any] | None = None,
-    train_size: int = 2000,
-    eval_size: int = 128,
+    train_size: int = DEFAULT_TRAIN_SIZE,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     instruction: str = DEFAULT_INSTRUCTION,
     partial_credit: bool = False,

@@ -50,7 +50,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gear_rl.tasks.base import Problem, Task, split_train_eval, unique_problem_ids
+from gear_rl.tasks.base import (
+    DEFAULT_EVAL_SIZE,
+    Problem,
+    Task,
+    split_train_eval,
+    unique_problem_ids,
+)
 
 __all__ = [
     "ToolRLScore",
@@ -355,7 +361,7 @@ def toolrl_task(
     train_path: str | Path,
     *,
     eval_path: str | Path | None = None,
-    eval_size: int = 128,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     train_size: int | None = None,
     reward_scale: Literal["unit", "paper"] = "unit",

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.tasks.answers import extract_answer
-from gear_rl.tasks.base import Problem, Task, split_train_eval, unique_problem_ids
+from gear_rl.tasks.base import (
+    DEFAULT_EVAL_SIZE,
+    Problem,
+    Task,
+    split_train_eval,
+    unique_problem_ids,
+)
 from gear_rl.tasks.math_check import math_equal
 
 __all__ = ["file_problems", "load_rows", "located_rows", "row_problem", "verl_task"]
@@ -175,7 +181,7 @@ def verl_task(
     train_path: str | Path,
     *,
     eval_path: str | Path | None = None,
-    eval_size: int = 128,
+    eval_size: int = DEFAULT_EVAL_SIZE,
     seed: int = 0,
     train_size: int | None = None,
 ) -> Task:

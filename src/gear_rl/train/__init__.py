@@ -15,7 +15,6 @@ from gear_rl.train.config import (
 )
 from gear_rl.train.evaluate import evaluate
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
-from gear_rl.train.rollout import Rollout, sample_next_token, sample_responses, stop_token_ids
 from gear_rl.train.runtime import Runtime, build_runtime
 from gear_rl.train.trainer import (
     StepOutput,
@@ -31,7 +30,6 @@ __all__ = [
     "LogConfig",
     "LossConfig",
     "OptimConfig",
-    "Rollout",
     "RolloutConfig",
     "Runtime",
     "SignalConfig",
@@ -49,10 +47,7 @@ __all__ = [
     "load_config",
     "ppo_policy_loss",
     "resume_config",
-    "sample_next_token",
-    "sample_responses",
     "save_checkpoint",
-    "stop_token_ids",
     "train",
     "valid_keys",
 ]

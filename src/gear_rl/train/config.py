@@ -3,28 +3,36 @@
 ``credit.lambda_kl=0.2``). An override keeps the default's type; an unknown key is an error that
 names the nearest valid one. Each section checks its own fields (``validate``, beside them);
 :meth:`TrainConfig.validate` adds the rules that tie keys of different sections together. The
-``Attributes:`` entry of a field is its one description (``gear-rl train --help`` prints them)."""
+``Attributes:`` entry of a field is its one description (``gear-rl train --help`` prints them).
+The generic machinery (overrides, YAML, type coercion, field descriptions, field checks) is
+:mod:`gear_rl.dataclass_config`; the functions at the end bind it to :class:`TrainConfig`."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
-import math
 import re
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
-from gear_rl.signals import ESTIMATORS as DIVERGENCES
+from gear_rl.dataclass_config import (
+    check_at_least,
+    check_finite,
+    check_one_of,
+    check_positive,
+    check_unit_interval,
+    nearest,
+    parse_overrides,
+    read_yaml,
+    settable_keys,
+    update_from_dict,
+)
+from gear_rl.signals import DIVERGENCE_KINDS as DIVERGENCES
 from gear_rl.signals.teacher import PLACEMENTS, TeacherPromptConfig
+from gear_rl.tasks.base import DEFAULT_TRAIN_SIZE
 from gear_rl.train.loss import KL_TYPES, LOSS_AGG_MODES
 
 __all__ = [
@@ -42,10 +50,7 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
-    "field_default",
-    "field_docs",
     "load_config",
-    "parse_overrides",
     "valid_keys",
 ]
 
@@ -53,52 +58,8 @@ __all__ = [
 PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 # ``signals.teacher_rows``: the rows the teacher pass runs on.
 TEACHER_ROWS: tuple[str, ...] = ("nonzero_advantage", "all")
-
-
-def _nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
-    return close[0] if close else None
-
-
-def _finite(prefix: str, section: Any) -> None:
-    """Every float knob of ``section`` is finite: nan passes every ``>=`` rule and inf every
-    ``>`` rule, and either would only surface as a broken run (``optim.lr=inf``)."""
-    hints = typing.get_type_hints(type(section))
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        hint = hints[f.name]
-        if (float in (hint, *typing.get_args(hint)) and isinstance(value, float)
-                and not math.isfinite(value)):
-            raise ValueError(f"{prefix}{f.name} must be a finite number, got {value}")
-
-
-def _at_least(prefix: str, section: Any, minimum: int, *names: str) -> None:
-    """Each of ``names`` (``None`` where the field allows it) is ``>= minimum``."""
-    for name in names:
-        value = getattr(section, name)
-        if value is not None and value < minimum:
-            raise ValueError(f"{prefix}{name} must be >= {minimum}, got {value}")
-
-
-def _positive(prefix: str, section: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not value > 0:
-            raise ValueError(f"{prefix}{name} must be > 0, got {value}")
-
-
-def _nucleus(prefix: str, section: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not 0 < value <= 1:
-            raise ValueError(f"{prefix}{name} must be in (0, 1], got {value}")
-
-
-def _one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        guess = _nearest(str(value), allowed)
-        hint = f"; did you mean {guess!r}?" if guess else ""
-        raise ValueError(f"{key} must be one of {tuple(allowed)}, got {value!r}{hint}")
+# ``device``: what torch takes.
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 @dataclass
@@ -128,12 +89,12 @@ class RolloutConfig:
     def validate(self, name: str = "rollout") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _at_least(prefix, self, 1, "prompts_per_step", "samples_per_prompt", "max_new_tokens",
-                  "batch_size")
-        _positive(prefix, self, "temperature")
-        _nucleus(prefix, self, "top_p")
-        _one_of(prefix + "dtype", self.dtype, PRECISIONS)
+        check_finite(prefix, self)
+        check_at_least(prefix, self, 1, "prompts_per_step", "samples_per_prompt",
+                       "max_new_tokens", "batch_size")
+        check_positive(prefix, self, "temperature")
+        check_unit_interval(prefix, self, "top_p")
+        check_one_of(prefix + "dtype", self.dtype, PRECISIONS)
 
 
 @dataclass
@@ -150,7 +111,9 @@ class LossConfig:
         kl_type: per-token KL estimator: ``low_var_kl`` (k3, clamped to [-10, 10]), ``k1``,
             ``k2``.
         opsd_coef: weight of the on-policy self-distillation term (reverse KL student ->
-            stop-gradient ground-truth-conditioned teacher) added to the RL loss.
+            stop-gradient ground-truth-conditioned teacher) added to the RL loss. 0 (the
+            default) turns the term off, except for a self-distilling estimator
+            (``estimator=opsd``), whose loss always has it: there 0 means weight 1.
         epochs: passes over each rollout batch.
         minibatches: optimiser steps per epoch (the batch is split in this many mini-batches).
         micro_batch_tokens: the most tokens one forward/backward runs through the model,
@@ -197,15 +160,23 @@ class LossConfig:
     def validate(self, name: str = "loss") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
+        check_finite(prefix, self)
         if not 0 <= self.clip_low < 1:
             # 1 - clip_low is the lower ratio bound: it must stay positive.
             raise ValueError(f"{prefix}clip_low must be in [0, 1), got {self.clip_low}")
-        _at_least(prefix, self, 0, "clip_high", "kl_coef", "opsd_coef")
-        _at_least(prefix, self, 1, "epochs", "minibatches", "micro_batch_tokens",
-                  "micro_batch_size")
-        _one_of(prefix + "agg_mode", self.agg_mode, LOSS_AGG_MODES)
-        _one_of(prefix + "kl_type", self.kl_type, KL_TYPES)
+        check_at_least(prefix, self, 0, "clip_high", "kl_coef", "opsd_coef")
+        check_at_least(prefix, self, 1, "epochs", "minibatches", "micro_batch_tokens",
+                       "micro_batch_size")
+        check_one_of(prefix + "agg_mode", self.agg_mode, LOSS_AGG_MODES)
+        check_one_of(prefix + "kl_type", self.kl_type, KL_TYPES)
+
+    def opsd_weight(self, self_distillation: bool) -> float:
+        """The weight of the self-distillation term in the loss: ``opsd_coef``, or 1 where it is
+        0 and the estimator distills itself (``Estimator.self_distillation``: ``opsd``, whose
+        loss is that term alone). 0: no such term."""
+        if self_distillation and self.opsd_coef == 0:
+            return 1.0
+        return self.opsd_coef
 
 
 @dataclass
@@ -234,11 +205,11 @@ class OptimConfig:
     def validate(self, name: str = "optim") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _positive(prefix, self, "lr", "eps")
+        check_finite(prefix, self)
+        check_positive(prefix, self, "lr", "eps")
         if self.lr > 1e30:  # the optimiser computes in float32 (max 3.4e38) and would overflow
             raise ValueError(f"{prefix}lr must be <= 1e30, got {self.lr}")
-        _at_least(prefix, self, 0, "warmup_steps", "weight_decay", "grad_clip")
+        check_at_least(prefix, self, 0, "warmup_steps", "weight_decay", "grad_clip")
         for beta in ("beta1", "beta2"):
             value = getattr(self, beta)
             if not 0 <= value < 1:
@@ -286,11 +257,11 @@ class SignalConfig:
     def validate(self, name: str = "signals") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _at_least(prefix, self, 1, "topk", "chunk_size", "batch_size")
-        _one_of(prefix + "divergence", self.divergence, DIVERGENCES)
-        _one_of(prefix + "placement", self.placement, PLACEMENTS)
-        _one_of(prefix + "teacher_rows", self.teacher_rows, TEACHER_ROWS)
+        check_finite(prefix, self)
+        check_at_least(prefix, self, 1, "topk", "chunk_size", "batch_size")
+        check_one_of(prefix + "divergence", self.divergence, DIVERGENCES)
+        check_one_of(prefix + "placement", self.placement, PLACEMENTS)
+        check_one_of(prefix + "teacher_rows", self.teacher_rows, TEACHER_ROWS)
         if self.divergence == "topk" and self.topk is None:
             raise ValueError(f"{prefix}topk must be set for {prefix}divergence=topk")
         if self.answer_template is not None and "{reference}" not in self.answer_template:
@@ -336,11 +307,11 @@ class EvalConfig:
     def validate(self, name: str = "eval") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _at_least(prefix, self, 1, "size", "k", "max_new_tokens", "batch_size")
-        _at_least(prefix, self, 0, "every")
-        _positive(prefix, self, "temperature")
-        _nucleus(prefix, self, "top_p")
+        check_finite(prefix, self)
+        check_at_least(prefix, self, 1, "size", "k", "max_new_tokens", "batch_size")
+        check_at_least(prefix, self, 0, "every")
+        check_positive(prefix, self, "temperature")
+        check_unit_interval(prefix, self, "top_p")
 
 
 @dataclass
@@ -362,7 +333,7 @@ class AgentConfig:
             directory or the task's data file is refused.
         reuse_kv_cache: each turn's sampling prefills only what the turn adds to a row's
             context (its last token and the observation) and reads the rest from the previous
-            turn's KV cache (:class:`gear_rl.train.rollout.TurnCache`), in training, evaluation
+            turn's KV cache (:class:`gear_rl.sampling.TurnCache`), in training, evaluation
             and the credit check; False prefills every turn's whole context (the sampler before
             this option; the same distribution, different bf16 rounding).
     """
@@ -381,10 +352,11 @@ class AgentConfig:
     def validate(self, name: str = "agent") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _at_least(prefix, self, 1, "max_turns", "max_new_tokens_per_turn", "max_response_tokens",
-                  "max_observation_tokens", "sandbox_workers", "sandbox_memory_mb")
-        _positive(prefix, self, "sandbox_timeout_s")
+        check_finite(prefix, self)
+        check_at_least(prefix, self, 1, "max_turns", "max_new_tokens_per_turn",
+                       "max_response_tokens", "max_observation_tokens", "sandbox_workers",
+                       "sandbox_memory_mb")
+        check_positive(prefix, self, "sandbox_timeout_s")
         from gear_rl.agent.tools.sandbox import check_mounts
 
         check_mounts(self.sandbox_mounts, (), name=prefix + "sandbox_mounts")
@@ -411,9 +383,9 @@ class LogConfig:
     def validate(self, name: str = "log") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
-        _finite(prefix, self)
-        _at_least(prefix, self, 0, "samples_per_step", "checkpoint_every")
-        _at_least(prefix, self, 1, "keep_checkpoints")
+        check_finite(prefix, self)
+        check_at_least(prefix, self, 0, "samples_per_step", "checkpoint_every")
+        check_at_least(prefix, self, 1, "keep_checkpoints")
 
 
 @dataclass
@@ -460,7 +432,7 @@ class TrainConfig:
     task_options: dict[str, Any] = field(default_factory=dict)
     instruction: str = ""
     eval_data: str | None = None
-    train_size: int = 2000
+    train_size: int = DEFAULT_TRAIN_SIZE
     estimator: str = "gear"
     plugins: list[str] = field(default_factory=list)
     credit: dict[str, Any] = field(default_factory=dict)
@@ -485,9 +457,9 @@ class TrainConfig:
         each section's own check, the credit fields (the estimator's config class checks them),
         then the rules across sections."""
         estimator = self.credit_estimator()  # plugins first: they may register the estimator
-        _finite("", self)
-        _at_least("", self, 1, "steps", "train_size", "threads")
-        _one_of("precision", self.precision, PRECISIONS)
+        check_finite("", self)
+        check_at_least("", self, 1, "steps", "train_size", "threads")
+        check_one_of("precision", self.precision, PRECISIONS)
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError("model must be smollm2-135m (bundled), tiny-random, or a local "
                              "Hugging Face model directory; got an empty value")
@@ -503,7 +475,7 @@ class TrainConfig:
             raise ValueError(f"loss.minibatches ({self.loss.minibatches}) exceeds the rollout "
                              f"batch (rollout.prompts_per_step * rollout.samples_per_prompt = "
                              f"{batch} trajectories)")
-        distills = estimator.self_distillation or self.loss.opsd_coef > 0
+        distills = self.loss.opsd_weight(estimator.self_distillation) > 0
         if distills and self.signals.divergence not in ("full", "topk"):
             # The distillation loss differentiates the per-token divergence; the sampled-token
             # estimators k1/k3 have no useful gradient (k1's is zero in expectation on-policy).
@@ -518,7 +490,7 @@ class TrainConfig:
         load_plugins(self.plugins)
         names = estimator_names()
         if self.estimator not in names:
-            guess = _nearest(str(self.estimator), names)
+            guess = nearest(str(self.estimator), names)
             hint = f"did you mean {guess!r}? " if guess else ""
             raise ValueError(f"unknown estimator {self.estimator!r}; {hint}registered: "
                              f"{', '.join(names)} (an estimator from another module needs "
@@ -533,7 +505,7 @@ class TrainConfig:
         for key in self.credit:
             if key in settable or key in estimator.fixed:
                 continue  # a pinned field set to another value raises in make_config
-            guess = _nearest(str(key), settable)
+            guess = nearest(str(key), settable)
             hint = (f"did you mean 'credit.{guess}'?" if guess
                     else f"its keys: {', '.join('credit.' + name for name in settable)}")
             raise ValueError(f"unknown config key 'credit.{key}' for estimator "
@@ -548,189 +520,21 @@ class TrainConfig:
             raise ValueError(f"credit: {message}") from error
 
 
-_DICT_FIELDS = ("task_options", "credit")
-
-
-def valid_keys(cls: type = TrainConfig, prefix: str = "", depth: int | None = None
-               ) -> list[str]:
-    """Every settable dotted key of ``cls`` (dict-valued fields as ``name.<key>``); with
-    ``depth=1``, sections as ``name.<key>`` too."""
-    keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint) and depth == 1:
-            keys.append(prefix + f.name + ".<key>")
-        elif dataclasses.is_dataclass(hint):
-            keys.extend(valid_keys(cast(type, hint), prefix + f.name + ".",
-                                   None if depth is None else depth - 1))
-        elif f.name in _DICT_FIELDS:
-            keys.append(prefix + f.name + ".<key>")
-        else:
-            keys.append(prefix + f.name)
-    return keys
-
+# --- the override machinery (gear_rl.dataclass_config) bound to TrainConfig ----------------
 
 _HELP_POINTER = "gear-rl train --help describes every key"
 
 
-def _unknown_key(full_key: str, prefix: str, config: Any) -> ValueError:
-    """The error for ``full_key``, whose part after ``prefix`` is no field of ``config``: it
-    names the nearest valid key (a typo, or the right name in another section), else the keys
-    valid at that level."""
-    keys = [key for key in valid_keys() if not key.endswith(".<key>")]
-    leaf = full_key.rsplit(".", 1)[-1]
-    same_leaf = [key for key in keys if key.rsplit(".", 1)[-1] == leaf]
-    if same_leaf:  # the right name in a misspelt, missing or wrong section
-        nearest = _nearest(full_key, same_leaf, cutoff=0.85)
-        guesses = [nearest] if nearest else same_leaf
-    else:  # a typo in the name (or in the section and the name)
-        name = full_key[len(prefix):].split(".", 1)[0]
-        nearest = (_nearest(full_key, keys, cutoff=0.8)
-                   or _nearest(name, [prefix + f.name for f in dataclasses.fields(config)]))
-        guesses = [nearest] if nearest else []
-    if guesses:
-        options = " or ".join(repr(key) for key in guesses)
-        return ValueError(f"unknown config key {full_key!r}; did you mean {options}?")
-    here = valid_keys(type(config), prefix, depth=1)
-    where = f"{prefix[:-1]} keys" if prefix else "top-level keys"
-    return ValueError(f"unknown config key {full_key!r}; valid {where}: {', '.join(here)} "
-                      f"({_HELP_POINTER})")
-
-
-def _coerce(key: str, value: Any, hint: Any) -> Any:
-    """``value`` checked (and, for numbers given as strings, converted) against ``hint``."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(hint)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _coerce(key, value, option)
-            except ValueError as error:
-                errors.append(str(error))
-        raise ValueError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{key} must be a bool, got {value!r}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise ValueError(f"{key} must be an int, got {value!r}")
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ValueError(f"{key} must be a number, got {value!r}")
-    if hint is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ValueError(f"{key} must be a string, got {value!r}")
-    if origin is list or hint is list:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{key} must be a list of strings, got {value!r}")
-        return list(value)
-    if origin is dict or hint is dict:
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{key} must be a mapping, got {value!r}")
-        return dict(value)
-    return value
-
-
-def _set(config: Any, key: str, value: Any, full_key: str) -> None:
-    name, _, rest = key.partition(".")
-    fields = {f.name: f for f in dataclasses.fields(config)}
-    if name not in fields:
-        raise _unknown_key(full_key, full_key[:len(full_key) - len(key)], config)
-    hint = typing.get_type_hints(type(config))[name]
-    if dataclasses.is_dataclass(hint):
-        if rest:
-            _set(getattr(config, name), rest, value, full_key)
-            return
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{full_key} is a section; set its keys ({full_key}.<key>=...)")
-        for sub, sub_value in value.items():
-            _set(getattr(config, name), str(sub), sub_value, f"{full_key}.{sub}")
-        return
-    if name in _DICT_FIELDS and rest:
-        target = getattr(config, name)
-        *parents, leaf = rest.split(".")
-        for parent in parents:
-            target = target.setdefault(parent, {})
-        target[leaf] = value
-        return
-    if rest:
-        raise ValueError(f"unknown config key {full_key!r}: {name!r} has no sub-keys "
-                         f"({_HELP_POINTER})")
-    setattr(config, name, _coerce(full_key, value, hint))
-
-
-def field_default(f: dataclasses.Field) -> Any:
-    """The default value of dataclass field ``f`` (``default_factory`` called)."""
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return None if f.default is dataclasses.MISSING else f.default
-
-
-_ENTRY = re.compile(r"(\w+)(?: \([^)]*\))?: (.*)")
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: description}`` for every field of dataclass ``cls``, from the ``Attributes:``
-    sections of its docstring and its bases' (a subclass's entry wins; "" where none)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        docs.update(_attributes(vars(klass).get("__doc__") or ""))
-    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
-
-
-def _attributes(docstring: str) -> dict[str, str]:
-    """The entries of a Google-style ``Attributes:`` section, each joined onto one line."""
-    lines = inspect.cleandoc(docstring).splitlines()
-    if "Attributes:" not in lines:
-        return {}
-    entries: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    indent = None
-    for line in lines[lines.index("Attributes:") + 1:]:
-        if not line.strip():
-            continue
-        depth = len(line) - len(line.lstrip())
-        if depth == 0:
-            break  # the next section, or prose after the list
-        indent = depth if indent is None else indent
-        match = _ENTRY.fullmatch(line.strip())
-        if depth == indent and match:
-            current = entries.setdefault(match.group(1), [])
-            current.append(match.group(2))
-        elif current is not None:
-            current.append(line.strip())
-    return {name: " ".join(parts) for name, parts in entries.items()}
+def valid_keys() -> list[str]:
+    """Every settable dotted key of :class:`TrainConfig` (dict-valued fields as
+    ``name.<key>``)."""
+    return settable_keys(TrainConfig)
 
 
 def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
     """A :class:`TrainConfig` from nested (or dotted-key) mapping ``data`` on top of ``base``."""
     config = base if base is not None else TrainConfig()
-    if not isinstance(data, Mapping):
-        raise ValueError(f"config must be a mapping, got {type(data).__name__}")
-    for key, value in data.items():
-        _set(config, str(key), value, str(key))
-    return config
+    return update_from_dict(config, data, help_pointer=_HELP_POINTER)
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -738,38 +542,9 @@ def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}``; values are parsed as YAML scalars
-    (``1e-5`` -> float, ``true`` -> bool, ``null`` -> None, ``[1, 2]`` -> list)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not of the form key=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, str) and _looks_like_float(raw):
-            value = float(raw)
-        out[key.strip()] = value
-    return out
-
-
-def _looks_like_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:
     """Apply ``key=value`` strings to ``config`` (in place) and return it."""
     return config_from_dict(parse_overrides(items), config)
-
-
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
@@ -778,20 +553,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
     ``validate=False`` (keys and types are checked either way)."""
     config = TrainConfig()
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as error:
-            where = getattr(error, "problem_mark", None)
-            line = f" at line {where.line + 1}" if where is not None else ""
-            raise ValueError(f"config file {str(path)!r} is not valid YAML{line}: "
-                             f"{getattr(error, 'problem', None) or error}") from None
-        except UnicodeDecodeError as error:
-            raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte "
-                             f"{error.start})") from None
-        config_from_dict(data, config)
+        config_from_dict(read_yaml(path) or {}, config)
     apply_overrides(config, overrides)
     if validate:
         config.validate()

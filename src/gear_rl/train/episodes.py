@@ -6,7 +6,7 @@ mask (0 on observation tokens: tool outputs and environment boards, which GEAR's
 the loss ignores), turn ids, the reward, and for environment tasks the per-step spans, state keys
 and rewards that the step-level estimators (``gear_rl.credit.steps``) read.
 
-- Single-turn tasks: :func:`gear_rl.train.rollout.sample_responses`, scored on the decoded text.
+- Single-turn tasks: :func:`gear_rl.sampling.sample_responses`, scored on the decoded text.
 - Agent tasks (``task.agent``): :func:`gear_rl.agent.run_agent` with the trainer's KV-cache
   sampler; Python calls run in a :class:`~gear_rl.agent.tools.PythonSandbox`. The reward is the
   task's score of the last policy turn (or of all policy turns, ``AgentSpec.score_text``).
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from gear_rl.agent.loop import AgentLimits, EpisodePrefix
+from gear_rl.sampling import RowStop, SamplingParams, TurnCache, sample_responses
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.rollout import RowStop, TurnCache, sample_responses
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -95,12 +95,15 @@ class Rows:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: float,
-                 top_p: float, generator: torch.Generator, batch_size: int | None,
+def _generate_fn(model: torch.nn.Module, sampling: SamplingParams, generator: torch.Generator,
                  row_stop: RowStop | None = None, reuse_cache: bool = True):
+    """The :data:`~gear_rl.agent.loop.GenerateFn` of an episode batch: each turn is one
+    :func:`~gear_rl.sampling.sample_responses` call with ``sampling`` up to the turn's longest
+    budget, one draw per live row and step from ``generator`` (turns are not paired)."""
     # one TurnCache per episode batch: each turn's rows are kept for the next turn's contexts;
     # decoded in chunks of batch_size, at most two chunks' rows are kept (the memory of two
     # decoding batches' caches), and rows beyond that prefill their next turn whole
+    batch_size = sampling.batch_size
     turn_cache = (TurnCache(max_rows=None if batch_size is None else 2 * batch_size)
                   if reuse_cache else None)
 
@@ -108,10 +111,9 @@ def _generate_fn(model, *, stop_ids: Sequence[int], pad_id: int, temperature: fl
                  budgets: list[int]) -> list[list[int]]:
         # Stop strings are not matched as text: the agent loop cuts each turn after its call,
         # and row_stop (agent tasks) ends a row as soon as its tokens hold a complete call.
-        result = sample_responses(model, prompts, max_new_tokens=max(budgets),
-                                  stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
-                                  top_p=top_p, generator=generator, batch_size=batch_size,
-                                  budgets=budgets, row_stop=row_stop, turn_cache=turn_cache)
+        turn = replace(sampling, max_new_tokens=max(budgets), paired_draws=False)
+        result = sample_responses(model, prompts, turn, generator=generator, budgets=budgets,
+                                  row_stop=row_stop, turn_cache=turn_cache)
         if turn_cache is not None:
             turn_cache.advance()
         return result.response_ids
@@ -123,7 +125,7 @@ _TRIGGERS: weakref.WeakKeyDictionary[Any, dict[str, torch.Tensor]] = weakref.Wea
 
 
 def call_stop(tokenizer: Any, tool_format: Any) -> RowStop:
-    """The :class:`~gear_rl.train.rollout.RowStop` of an agent turn: a row stops once its new
+    """The :class:`~gear_rl.sampling.RowStop` of an agent turn: a row stops once its new
     tokens hold a complete call of ``tool_format`` (:func:`gear_rl.agent.holds_call`), checked
     after tokens whose text holds the closing tag's last character. The trigger table (one
     decode per vocabulary entry, about 0.4 s for SmolLM2's 49k) is kept per tokenizer."""
@@ -145,16 +147,10 @@ def collect(
     *,
     model: torch.nn.Module,
     tokenizer: Any,
-    stop_ids: Sequence[int],
-    pad_id: int,
-    temperature: float,
-    top_p: float,
+    sampling: SamplingParams,
     generator: torch.Generator,
-    max_new_tokens: int,
-    batch_size: int | None = None,
     limits: AgentLimits | None = None,
     sandbox: PythonSandbox | None = None,
-    paired_draws: bool = False,
     prefixes: Sequence[EpisodePrefix] | None = None,
     reuse_cache: bool = True,
 ) -> Rows:
@@ -164,23 +160,23 @@ def collect(
         task: what to roll out and how to score it.
         problems, prompts: ``B`` problems and their chat-rendered prompt ids.
         model: the sampler. ``tokenizer``: its tokenizer.
-        stop_ids, pad_id, temperature, top_p, generator, batch_size: sampling (see
-            :func:`gear_rl.train.rollout.sample_responses`).
-        max_new_tokens: the response cap of a single-turn task.
+        sampling: how to sample (:class:`~gear_rl.sampling.SamplingParams`); its
+            ``max_new_tokens`` is the response cap of a single-turn task (a multi-turn task's
+            turns are capped by ``limits``) and its ``paired_draws`` applies to single-turn
+            tasks only (multi-turn ones sample turn by turn from one stream).
+        generator: the random stream.
         limits: multi-turn limits (default: :class:`~gear_rl.agent.loop.AgentLimits`'s, with
             the task's own turn count).
         sandbox: runs ``python`` tool calls (required for agent tasks with ``tool="python"``).
-        paired_draws: single-turn tasks only (multi-turn ones sample turn by turn from one
-            stream): see :func:`gear_rl.train.rollout.sample_responses`.
         prefixes: multi-turn tasks only: ``B`` :class:`~gear_rl.agent.loop.EpisodePrefix` es
             to continue each episode from (``run_agent(prefixes=)``; environment tasks:
             ``run_env_episodes(prefixes=)``, which replays the prefix's turns in the
             environment); the rows returned hold the whole episodes, prefix first, scored as
             usual. (Single-turn continuations are
-            :func:`gear_rl.train.rollout.sample_continuations`.)
+            :func:`gear_rl.sampling.sample_continuations`.)
         reuse_cache: multi-turn tasks: each turn prefills only what it adds to a row's
             previous turn, reading the rest from that turn's KV cache
-            (:class:`gear_rl.train.rollout.TurnCache`); False prefills every turn's whole
+            (:class:`gear_rl.sampling.TurnCache`); False prefills every turn's whole
             context.
     """
     if len(problems) != len(prompts):
@@ -188,26 +184,23 @@ def collect(
     if prefixes is not None and task.agent is None and task.env is None:
         raise ValueError(f"prefixes: only multi-turn episodes can be continued from a prefix "
                          f"here; task {task.name!r} is single-turn (its continuations: "
-                         "gear_rl.train.rollout.sample_continuations)")
+                         "gear_rl.sampling.sample_continuations)")
     if limits is None:
         turns = task_turns(task)
         limits = AgentLimits() if turns is None else AgentLimits(max_turns=turns)
     row_stop = None
     if task.agent is not None:  # the loop cuts every turn after its first complete call
         row_stop = call_stop(tokenizer, task.agent.tool_format)
-    generate = _generate_fn(model, stop_ids=stop_ids, pad_id=pad_id, temperature=temperature,
-                            top_p=top_p, generator=generator, batch_size=batch_size,
-                            row_stop=row_stop, reuse_cache=reuse_cache)
+    generate = _generate_fn(model, sampling, generator, row_stop=row_stop,
+                            reuse_cache=reuse_cache)
+    stop_ids = sampling.stop_ids
     if task.env is not None:
         return _collect_env(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                             prefixes)
     if task.agent is not None:
         return _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                               sandbox, prefixes)
-    result = sample_responses(model, prompts, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                              pad_id=pad_id, temperature=temperature, top_p=top_p,
-                              generator=generator, batch_size=batch_size,
-                              paired_draws=paired_draws)
+    result = sample_responses(model, prompts, sampling, generator=generator)
     texts = [decode_response(tokenizer, r, f)
              for r, f in zip(result.response_ids, result.finished, strict=True)]
     return Rows(response_ids=result.response_ids, finished=result.finished, texts=texts,
@@ -218,11 +211,11 @@ def collect(
 def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limits,
                    sandbox, prefixes=None) -> Rows:
     from gear_rl.agent import (
-        AgentConfig,
+        AgentLoopConfig,
         PythonExecutor,
-        rollout_metrics,
         run_agent,
         trajectories_to_tensors,
+        trajectory_metrics,
     )
     from gear_rl.credit.steps import spans_from_step_ids
 
@@ -232,7 +225,7 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
         if sandbox is None:
             raise ValueError(f"task {task.name!r} runs Python tool calls: pass a sandbox")
         executor = PythonExecutor(sandbox)
-    config = AgentConfig(
+    config = AgentLoopConfig(
         tool_format=spec.tool_format, max_turns=limits.max_turns,
         max_new_tokens_per_turn=limits.max_new_tokens_per_turn,
         max_response_tokens=limits.max_response_tokens,
@@ -244,7 +237,7 @@ def _collect_agent(task, problems, prompts, generate, tokenizer, stop_ids, limit
              for t in trajectories]
     finished = [t.finish_reason in ("answer", "tool_call") for t in trajectories]
     step_rewards = None
-    metrics = rollout_metrics(trajectories)
+    metrics = trajectory_metrics(trajectories)
     if spec.turn_reward_tool or spec.turn_reward_answer:
         step_rewards = [turn_rewards(task, p, t)
                         for p, t in zip(problems, trajectories, strict=True)]

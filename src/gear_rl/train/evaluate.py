@@ -4,7 +4,7 @@
 **Paired draws.** On single-turn tasks every sample has its own uniform numbers: sample ``j``
 of problem ``i`` is row ``i * k + j`` of its generation batch, and before decoding each batch
 draws ``[rows, max_new_tokens]`` numbers from the ``seed`` stream, row after row
-(``sample_responses(paired_draws=True)``). A row's token at step ``s`` is sampled by inverse CDF
+(``SamplingParams(paired_draws=True)``). A row's token at step ``s`` is sampled by inverse CDF
 with its own number ``s``, whatever any other row generates and whenever it finishes, so two
 models evaluated with the same ``seed``, problems, ``k`` and ``batch_size`` sample each
 (problem, sample) with identical random numbers: a comparison of two methods is paired problem
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ import torch
 
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.rundir import atomic_write_text
+from gear_rl.sampling import SamplingParams
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.episodes import collect, decode_response
@@ -49,15 +51,10 @@ def evaluate(
     tokenizer: Any,
     task: Task,
     *,
+    sampling: SamplingParams,
     problems: Sequence[Problem] | None = None,
     k: int = 4,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
-    max_new_tokens: int = 48,
     seed: int = 1234,
-    stop_ids: Sequence[int],
-    pad_id: int,
-    batch_size: int | None = 128,
     limits: AgentLimits | None = None,
     sandbox: PythonSandbox | None = None,
     reuse_cache: bool = True,
@@ -68,12 +65,13 @@ def evaluate(
         model: the sampler (a causal LM; its device is used).
         tokenizer: its tokenizer (chat template for the prompts).
         task: scorer and, unless ``problems`` is given, the held-out problems (``task.eval``).
-        k, temperature, top_p, max_new_tokens: sampling.
+        sampling: how to sample (:class:`~gear_rl.sampling.SamplingParams`; ``batch_size``:
+            rows per generation batch); single-turn tasks always sample with paired draws
+            (see the module docstring).
+        k: samples per problem.
         seed: seeds the sampling stream, so the same model and seed give the same score
             (single-turn tasks: the same draws for each (problem, sample) whatever the model,
             see the module docstring).
-        stop_ids, pad_id: see ``gear_rl.train.rollout.sample_responses``.
-        batch_size: rows per generation batch.
         limits, sandbox: multi-turn limits and the Python sandbox for agent / environment
             tasks (see :func:`gear_rl.train.episodes.collect`).
 
@@ -95,10 +93,8 @@ def evaluate(
     row_problems = [p for p in problems for _ in range(k)]
     row_prompts = [p for p in prompts for _ in range(k)]
     rows = collect(task, row_problems, row_prompts, model=model, tokenizer=tokenizer,
-                   stop_ids=stop_ids, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                   generator=generator, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                   limits=limits, sandbox=sandbox, paired_draws=True,
-                   reuse_cache=reuse_cache)
+                   sampling=replace(sampling, paired_draws=True), generator=generator,
+                   limits=limits, sandbox=sandbox, reuse_cache=reuse_cache)
     records, correct, any_correct = [], 0.0, 0
     for index, problem in enumerate(problems):
         chosen = range(index * k, (index + 1) * k)

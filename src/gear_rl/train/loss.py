@@ -4,7 +4,8 @@ to the initial policy, and on-policy self-distillation. Pure functions: tensors 
 Shapes: every per-token tensor is ``[B, T]`` over the response, right-padded, with ``mask`` 1 on
 trained tokens (docs/design.md). Losses are aggregated with verl's ``loss_agg_mode`` semantics; the
 normalisers can be given for the whole mini-batch so that gradient accumulation over
-micro-batches sums to exactly the mini-batch loss.
+micro-batches sums to exactly the mini-batch loss. The knobs (clip range, ``agg_mode``, KL
+estimator) have no defaults here: the trainer's ``loss`` config section is their one home.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ KL_TYPES: tuple[str, ...] = ("low_var_kl", "k1", "k2")
 def aggregate(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
-    mode: str = "token-mean",
+    mode: str,
     *,
     num_seqs: int | None = None,
     num_tokens: float | None = None,
@@ -94,9 +95,9 @@ def ppo_policy_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    agg_mode: str = "token-mean",
+    clip_low: float,
+    clip_high: float,
+    agg_mode: str,
     num_seqs: int | None = None,
     num_tokens: float | None = None,
     horizon: int | None = None,
@@ -141,8 +142,7 @@ def ppo_policy_loss(
     return loss, stats
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-               kind: str = "low_var_kl") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate between the current policy and the reference, ``[B, T]``.
 
     ``k1``: ``logp - ref``; ``k2``: ``0.5 (logp - ref)^2``; ``low_var_kl`` (k3, Schulman):

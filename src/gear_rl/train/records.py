@@ -10,77 +10,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, gear_segments
+from gear_rl.credit import Estimator, credit_diagnostics, gear_segments
 from gear_rl.credit.diagnostics import reference_outcome, token_weights
-from gear_rl.tasks import Problem
+from gear_rl.train.scoring import Scores, StepBatch
 
-__all__ = ["Scores", "StepBatch", "batch_metrics", "format_summary", "is_measurement",
-           "sample_records", "summarize"]
-
-
-@dataclass
-class StepBatch:
-    """One rollout batch (``B`` rows: each problem repeated K times, consecutively).
-
-    Attributes:
-        problems: the ``B`` problems. ``group_ids``: their group (problem) index in the step.
-        prompt_ids, teacher_ids, response_ids: token ids per row (teacher: the prompt with the
-            reference hint).
-        finished: ``B`` flags (ended with a stop token). ``texts``: the decoded responses.
-        rewards: ``[B]`` outcome rewards.
-        policy_masks, turn_ids: per row and token (multi-turn tasks; None otherwise).
-        extras: step inputs for the step-level estimators (``CreditBatch.extras``).
-        rollout_metrics: agent / environment statistics of the batch.
-    """
-
-    problems: list[Problem]
-    group_ids: list[int]
-    prompt_ids: list[list[int]]
-    teacher_ids: list[list[int]]
-    response_ids: list[list[int]]
-    finished: list[bool]
-    texts: list[str]
-    rewards: torch.Tensor
-    policy_masks: list[list[int]] | None = None
-    turn_ids: list[list[int]] | None = None
-    extras: dict[str, Any] | None = None
-    rollout_metrics: dict[str, float] | None = None
-
-
-@dataclass
-class Scores:
-    """The no-grad scoring pass over a :class:`StepBatch`; every tensor is ``[B, T]``.
-
-    Attributes:
-        mask: 1 on the policy's own tokens, 0 on padding and observations.
-        old_logprobs: ``log pi_old(a_t | s_t)`` (PPO's ratio denominator). ``entropy``: nats.
-        divergence, teacher_logprobs: teacher signals (None when the estimator needs none).
-        ref_logprobs: the initial policy's log-probs (None without a KL penalty).
-        teacher_rows: ``[B]`` bool, the rows the teacher pass ran on (``signals.teacher_rows``;
-            None: every row). The other rows' divergence and teacher log-probs are 0.
-    """
-
-    mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    entropy: torch.Tensor
-    divergence: torch.Tensor | None = None
-    teacher_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
-    teacher_rows: torch.Tensor | None = None
-
-    def credit_batch(self, batch: StepBatch) -> CreditBatch:
-        """The estimator's input for ``batch``."""
-        return CreditBatch(
-            rewards=batch.rewards.to(self.mask.device), group_ids=batch.group_ids,
-            mask=self.mask, divergence=self.divergence, entropy=self.entropy,
-            student_logprobs=self.old_logprobs, teacher_logprobs=self.teacher_logprobs,
-            extras=batch.extras or {},
-        )
+__all__ = ["batch_metrics", "format_summary", "is_measurement", "sample_records", "summarize"]
 
 
 def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,

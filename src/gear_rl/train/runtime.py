@@ -11,7 +11,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +19,16 @@ import torch
 
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.rundir import RunDir, checkpoint_problem
+from gear_rl.sampling import SamplingParams, stop_token_ids
 from gear_rl.tasks import Task, load_task
-from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
+from gear_rl.train.config import (
+    EvalConfig,
+    RolloutConfig,
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+)
 from gear_rl.train.episodes import task_turns
-from gear_rl.train.rollout import stop_token_ids
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
@@ -30,7 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "cpu_model",
            "evaluate_model", "memory_metrics", "open_run", "release_free_memory",
            "reset_device_peak", "resolve_device", "resume_config", "rollout_settings",
-           "run_evaluation", "run_path", "sandbox_secrets", "status_bytes", "task_sandbox"]
+           "run_evaluation", "run_path", "sampling_params", "sandbox_secrets", "status_bytes",
+           "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -236,17 +243,23 @@ def agent_limits(config: TrainConfig, task: Task, *, evaluation: bool = False) -
                        max_observation_tokens=agent.max_observation_tokens)
 
 
+def sampling_params(settings: RolloutConfig | EvalConfig, runtime: Runtime) -> SamplingParams:
+    """How ``runtime``'s sampler samples under ``settings`` (``config.rollout`` or
+    ``config.eval``): their temperature, top-p, token cap and decoding batch, with the run's
+    stop and padding ids."""
+    return SamplingParams(max_new_tokens=settings.max_new_tokens, stop_ids=runtime.stop_ids,
+                          pad_id=runtime.pad_id, temperature=settings.temperature,
+                          top_p=settings.top_p, batch_size=settings.batch_size)
+
+
 def rollout_settings(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     """The keyword arguments of :func:`gear_rl.train.episodes.collect` for a rollout of
-    ``runtime``'s task as training samples it: the sampler copy, its tokenizer, stop and
-    padding ids, ``config.rollout``'s temperature, top-p, token cap and decoding batch, the
-    multi-turn limits, the sandbox and whether turns reuse the KV cache (the problems, prompts
-    and generator are the caller's)."""
-    rollout = config.rollout
+    ``runtime``'s task as training samples it: the sampler copy, its tokenizer,
+    ``config.rollout``'s :class:`~gear_rl.sampling.SamplingParams` (:func:`sampling_params`),
+    the multi-turn limits, the sandbox and whether turns reuse the KV cache (the problems,
+    prompts and generator are the caller's)."""
     return {"model": runtime.sampler, "tokenizer": runtime.tokenizer,
-            "stop_ids": runtime.stop_ids, "pad_id": runtime.pad_id,
-            "temperature": rollout.temperature, "top_p": rollout.top_p,
-            "max_new_tokens": rollout.max_new_tokens, "batch_size": rollout.batch_size,
+            "sampling": sampling_params(config.rollout, runtime),
             "limits": agent_limits(config, runtime.task), "sandbox": runtime.sandbox,
             "reuse_cache": config.agent.reuse_kv_cache}
 
@@ -532,18 +545,17 @@ def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
     from gear_rl.train.evaluate import evaluate
 
     settings = config.eval
-    batch_size = settings.batch_size
+    sampling = sampling_params(settings, runtime)
     if task_turns(runtime.task) is not None:
         # a multi-turn episode's KV cache spans its whole context (prompt, turns and
         # observations): decode no more rows at once than a training rollout does (on
         # tool-math, 128 rows of it held 1.35 GB); these tasks are paired by problem only
         rollout_rows = config.rollout.prompts_per_step * config.rollout.samples_per_prompt
-        batch_size = rollout_rows if batch_size is None else min(batch_size, rollout_rows)
-    return evaluate(runtime.sampler, runtime.tokenizer, runtime.task, k=settings.k,
-                    temperature=settings.temperature, top_p=settings.top_p,
-                    max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                    stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
-                    batch_size=batch_size,
+        batch_size = sampling.batch_size
+        sampling = replace(sampling, batch_size=rollout_rows if batch_size is None
+                           else min(batch_size, rollout_rows))
+    return evaluate(runtime.sampler, runtime.tokenizer, runtime.task, sampling=sampling,
+                    k=settings.k, seed=settings.seed,
                     limits=agent_limits(config, runtime.task, evaluation=True),
                     sandbox=runtime.sandbox, reuse_cache=config.agent.reuse_kv_cache)
 

@@ -1,4 +1,5 @@
-"""Batched sampling with a KV cache: the trainer's rollout engine.
+"""Batched sampling with a KV cache: the loop behind :func:`sample_responses` and
+:func:`sample_continuations`, and the record of how it samples (:class:`SamplingParams`).
 
 A short hand-written loop over the model's own forward (HF cache layers), not
 ``model.generate``: on a CPU the per-step overhead of ``generate`` (logits processors, stopping
@@ -8,17 +9,16 @@ criteria, a full-vocabulary multinomial, rows that finished still decoded) costs
 - each distinct prompt of a batch is prefilled once, left-padded among the distinct prompts,
   and its cache rows are repeated for its copies (a group of K samples pays one prefill);
 - the cache is written in place into buffers allocated once per batch (no ``torch.cat`` of the
-  cache per layer and step), and no attention mask is built when no row is padded;
+  cache per layer and step, :class:`~gear_rl.sampling.cache.BufferLayer`), and no attention
+  mask is built when no row is padded;
 - sampling is exact categorical sampling by inverse CDF (one ``cumsum`` and a ``searchsorted``
   on one uniform draw per row; ``torch.multinomial`` over 49k logits is several times slower on
   CPU, and so are Gumbel-max and the exponential race, which need a random number per vocabulary
   entry), restricted to the top-p nucleus found through ``topk`` when the nucleus is small (the
   usual case) and a full sort otherwise; ``greedy=True`` takes the argmax instead;
-- on a CPU, a decoding step's attention (one query per row) is two batched matmuls and a
-  softmax in fp32, the query heads of each key-value head grouped against its keys
-  (:func:`decode_attention`), instead of ``scaled_dot_product_attention``: with a padding mask
-  the latter repeats the grouped keys and values for every query head and takes a path several
-  times slower for a single query (the step's attention dominated long multi-turn contexts);
+- on a CPU, a decoding step's attention (one query per row) runs
+  :func:`~gear_rl.sampling.attention.decode_attention`'s grouped fp32 matmuls instead of
+  ``scaled_dot_product_attention``;
 - a row stops at its first stop token (end of turn), which is kept in its response (the policy
   learns to stop); finished rows are dropped from the batch and the cache, so a batch does not
   pay for its longest answer on every row. A row also stops at its own token budget
@@ -30,9 +30,9 @@ from one forward pass over it (the Monte-Carlo credit checker's continuations).
 
 Multi-turn episodes (agent and environment loops) call the sampler once per turn, each row's
 context being its previous context, its last turn and an observation. Given a
-:class:`TurnCache`, :func:`sample_responses` keeps every row's KV cache when the row leaves the
-batch and, next call, prefills only what a context adds to a kept row (the last turn's final
-token and the observation) instead of the whole episode so far.
+:class:`~gear_rl.sampling.cache.TurnCache`, :func:`sample_responses` keeps every row's KV cache
+when the row leaves the batch and, next call, prefills only what a context adds to a kept row
+(the last turn's final token and the observation) instead of the whole episode so far.
 
 Numerics: in fp32 the outputs do not depend on which other rows share a batch. In bf16 on a CPU
 they can (matmul rounding varies with the batch shape; ``generate``'s own greedy output for a
@@ -42,85 +42,73 @@ draws different tokens for a given seed than prefilling every copy would.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from transformers import AttentionInterface, Cache, DynamicCache, PreTrainedConfig
+from transformers import Cache, DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["Rollout", "RowStop", "TurnCache", "decode_attention", "sample_continuations",
-           "sample_next_token", "sample_responses", "stop_token_ids"]
+from gear_rl.sampling.attention import decode_attention
+from gear_rl.sampling.cache import BufferLayer, TurnCache, buffered_cache
 
-DECODE_ATTENTION = "gear_rl_decode"
-"""The attention implementation name :func:`decode_attention` registers with transformers."""
-
-_PLAIN_ONLY = ("sliding_window", "softcap", "s_aux", "sinks")  # kwargs the fast path refuses
+__all__ = ["RowStop", "Samples", "SamplingParams", "sample_continuations", "sample_next_token",
+           "sample_responses", "stop_token_ids"]
 
 
-def _decode_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
-                              value: torch.Tensor, attention_mask: torch.Tensor | None,
-                              dropout: float = 0.0, scaling: float | None = None,
-                              is_causal: bool | None = None, **kwargs: Any
-                              ) -> tuple[torch.Tensor, None]:
-    """Attention of one query per row against its cached keys (a decoding step), on a CPU.
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a sampler call draws its tokens: one record, built where a run's settings are read
+    (``gear_rl.train.runtime``: ``rollout.*`` for training and the credit checker,
+    ``eval.*`` for evaluation) and passed down whole to :func:`sample_responses` and
+    :func:`sample_continuations` (a call that needs another cap or draw mode makes a copy
+    with :func:`dataclasses.replace`). The defaults here are the sampler's only ones.
 
-    Shapes: ``query`` ``[R, H, 1, D]``, ``key`` / ``value`` ``[R, G, L, D]`` (``G`` key-value
-    heads, ``H = G * n``), ``attention_mask`` None or ``[R, 1, 1, L]`` (bool, True where
-    attended, or additive float); returns ``[R, 1, H, D]`` like transformers' SDPA path. The
-    ``n`` query heads sharing a key-value head are one ``[n, D] x [D, L]`` matmul, in fp32
-    (scores, softmax and the weighted sum), then cast back to the query's dtype. Anything
-    else (more than one query, gradients, dropout, a sliding window, soft-capping, sinks, a
-    mask of another length, another device) goes to transformers' SDPA function unchanged."""
-    rows, heads, queries, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    mask = attention_mask
-    if (queries != 1 or query.device.type != "cpu" or dropout or torch.is_grad_enabled()
-            or heads % kv_heads or any(kwargs.get(name) is not None for name in _PLAIN_ONLY)
-            or (mask is not None and (mask.dim() != 4 or mask.shape[-1] != length
-                                      or mask.shape[-2] != 1))):
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      dropout=dropout, scaling=scaling, is_causal=is_causal,
-                                      **kwargs)
-    group = heads // kv_heads
-    scale = dim ** -0.5 if scaling is None else scaling
-    q = query.reshape(rows, kv_heads, group, dim).float()
-    scores = torch.matmul(q, key.float().transpose(-1, -2)).mul_(scale)  # [R, G, n, L]
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            scores.masked_fill_(~mask, float("-inf"))
-        else:
-            scores.add_(mask.float())
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, value.float())  # [R, G, n, D]
-    return out.to(query.dtype).reshape(rows, 1, heads, dim), None
+    Attributes:
+        max_new_tokens: cap on a response's length (>= 1); a batch decodes until its longest
+            row stops.
+        stop_ids: end-of-turn token ids (see :func:`stop_token_ids`), stored as a sorted tuple
+            without repeats; a row stops at its first one, which stays in its response.
+        pad_id: id used for left padding (never attended to).
+        temperature: > 0 unless ``greedy``; tokens are drawn from
+            ``softmax(logits / temperature)`` (see :func:`sample_next_token`).
+        top_p: in (0, 1]: the nucleus mass (1: the full distribution).
+        batch_size: decode at most this many rows at once (None: all at once).
+        greedy: take the most likely token (``argmax`` of the logits, first index on ties, as
+            ``model.generate(do_sample=False)``) instead of sampling; ``temperature``,
+            ``top_p`` and the generator are then unused.
+        paired_draws: draw every row's uniform numbers for all ``max_new_tokens`` steps
+            before decoding (``[rows, max_new_tokens]`` from the generator, one decoding batch
+            after another), so that row ``i`` samples with the same numbers whatever the other
+            rows generate and whenever they finish (common random numbers for comparing
+            models); rows still leave the batch at their stop token. Off (default): one draw
+            per live row and step, as in training.
+        fast_attention: decode under :func:`~gear_rl.sampling.attention.decode_attention`
+            (CPU, ``sdpa`` models; False: transformers' SDPA at every step, e.g. to compare).
+    """
 
+    max_new_tokens: int
+    stop_ids: Sequence[int]
+    pad_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int | None = None
+    greedy: bool = False
+    paired_draws: bool = False
+    fast_attention: bool = True
 
-AttentionInterface.register(DECODE_ATTENTION, _decode_attention_forward)
-AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
-
-
-@contextlib.contextmanager
-def decode_attention(model: torch.nn.Module, enabled: bool = True) -> Iterator[None]:
-    """Within the block, a model that uses transformers' ``sdpa`` attention on a CPU decodes
-    with :func:`_decode_attention_forward` (its config's attention implementation is switched
-    and restored on exit; every other forward of such a model goes to SDPA as before). Other
-    models, devices and implementations are left alone."""
-    config = getattr(model, "config", None)
-    device = next(model.parameters()).device
-    if (not enabled or config is None or device.type != "cpu"
-            or getattr(config, "_attn_implementation", None) != "sdpa"):
-        yield
-        return
-    config._attn_implementation = DECODE_ATTENTION
-    try:
-        yield
-    finally:
-        config._attn_implementation = "sdpa"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_ids", tuple(sorted({int(s) for s in self.stop_ids})))
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 (greedy=True for argmax), got "
+                             f"{self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 @dataclass(frozen=True)
@@ -142,14 +130,14 @@ class RowStop:
 
 
 @dataclass
-class Rollout:
-    """Sampled responses for a batch of prompts.
+class Samples:
+    """Sampled responses for a batch of prompts (what one sampler call returns).
 
     Attributes:
         prompt_ids: ``B`` prompt token-id lists (as given).
         response_ids: ``B`` response token-id lists; a finished one ends with its stop token.
         finished: ``B`` flags, True where the response ended with a stop token (False: cut at
-            ``max_new_tokens``).
+            ``max_new_tokens``, at the row's budget or by a :class:`RowStop`).
     """
 
     prompt_ids: list[list[int]]
@@ -244,146 +232,6 @@ def sample_next_token(
     return candidate_ids.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
 
 
-class _BufferLayer(DynamicLayer):
-    """A full-attention cache layer that writes each step's keys and values in place into a
-    buffer allocated once (``[R, heads, capacity, head_dim]``), instead of ``DynamicLayer``'s
-    ``torch.cat`` of the whole cache on every step. ``keys`` / ``values`` are views of the
-    filled part, ``[R, heads, length, head_dim]``, as the attention expects."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        super().__init__()
-        self.dtype, self.device = keys.dtype, keys.device
-        self.is_initialized = True
-        self._fill(keys, values, capacity)
-
-    def _fill(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
-        rows, heads, length, dim = keys.shape
-        if capacity < length:
-            raise ValueError(f"capacity {capacity} < cached length {length}")
-        self._key_buffer = keys.new_empty(rows, heads, capacity, dim)
-        self._value_buffer = values.new_empty(rows, heads, capacity, values.shape[-1])
-        self._key_buffer[:, :, :length] = keys
-        self._value_buffer[:, :, :length] = values
-        self.length = length
-        self.keys = self._key_buffer[:, :, :length]
-        self.values = self._value_buffer[:, :, :length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        start, end = self.length, self.length + key_states.shape[-2]
-        if end > self._key_buffer.shape[2]:
-            raise RuntimeError(f"KV buffer full: {end} > {self._key_buffer.shape[2]} positions")
-        self._key_buffer[:, :, start:end] = key_states
-        self._value_buffer[:, :, start:end] = value_states
-        self.length = end
-        keys, values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
-        self.keys, self.values = keys, values
-        return keys, values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # only the filled part is copied; the new buffers keep the capacity
-        length = self.length
-        self._fill(self._key_buffer[indices, :, :length], self._value_buffer[indices, :, :length],
-                   self._key_buffer.shape[2])
-
-
-def _buffered_cache(cache: Cache, take: Callable[[torch.Tensor], torch.Tensor],
-                    extra: int) -> Cache:
-    """A new cache holding ``take(keys)`` / ``take(values)`` of every layer of ``cache`` (rows
-    selected, repeated or cut), in buffers with room for ``extra`` more positions.
-
-    Raises ValueError for a cache with other than full-attention layers (sliding windows, linear
-    attention), whose stored positions are not the sequence's."""
-    layers = []
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise ValueError(f"unsupported KV-cache layer {type(layer).__name__}: the sampler "
-                             "needs full-attention layers (no sliding window)")
-        keys, values = take(cast(torch.Tensor, layer.keys)), take(cast(torch.Tensor, layer.values))
-        layers.append(_BufferLayer(keys, values, keys.shape[2] + extra))
-    return Cache(layers=cast(Any, layers))
-
-
-class TurnCache:
-    """The KV caches of one sampling call's rows, kept for the next call (a multi-turn episode's
-    next turn), so that a context that extends a kept row is prefilled only from where the row
-    ended.
-
-    An entry is keyed by its row's whole token sequence, context and response; it holds the
-    keys and values of every full-attention layer for all but the response's last token (that
-    token was sampled, never fed), compacted to the row's real positions:
-    ``[heads, length, head_dim]`` per layer, with ``length = len(key) - 1``. A context matches
-    an entry whose key is a prefix of it (the longest such), and then only ``context[length:]``
-    is prefilled, at positions ``length, length + 1, ...``: the positions a full prefill gives
-    those tokens, with the same cached keys before them. A context that extends no entry (a
-    first turn, a resumed episode, a turn the loop cut) is prefilled whole.
-
-    Entries live for one call: :meth:`advance` (the caller's, after each call) makes the call's
-    rows the ones the next call can extend and drops the rest, and an entry is dropped as soon
-    as a batch has copied it. Memory: about ``2 * layers * kv_heads * head_dim`` numbers per
-    kept token (SmolLM2-135M in bf16: 23 KB) for each kept row. ``max_rows`` bounds how many
-    rows are kept at once (those of the last call not yet copied and those of this call); a
-    row that does not fit is not kept, and its next context is prefilled whole. Without it a
-    call decoding its rows in chunks (``batch_size``) would keep every row's cache, not one
-    chunk's: an evaluation of 128 tool-math episodes holds about 1.3 GB of kept rows.
-    """
-
-    def __init__(self, max_rows: int | None = None) -> None:
-        if max_rows is not None and max_rows < 1:
-            raise ValueError(f"max_rows must be at least 1 or None, got {max_rows}")
-        self.max_rows = max_rows
-        self._previous: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._lengths: list[int] = []
-        self._current: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.hits = 0  # contexts that extended a kept row, over the cache's life
-        self.reused_tokens = 0  # positions read from kept rows instead of prefilled
-
-    def lookup(self, context: Sequence[int]) -> tuple[int, list[tuple[torch.Tensor,
-                                                                     torch.Tensor]]] | None:
-        """The longest kept row whose sequence is a prefix of ``context``: ``(length, layers)``
-        (``length`` cached positions, ``layers`` their keys and values per layer), or None."""
-        for size in self._lengths:  # longest first
-            if size <= len(context):
-                entry = self._previous.get(tuple(context[:size]))
-                if entry is not None:
-                    return size - 1, entry
-        return None
-
-    def add(self, sequence: Sequence[int], layers: list[tuple[torch.Tensor, torch.Tensor]]
-            ) -> None:
-        """Keep a row of this call: ``sequence`` its context and response, ``layers`` the keys
-        and values (``[heads, len(sequence) - 1, head_dim]``) of every layer; not kept when
-        ``max_rows`` rows are kept already."""
-        if self.max_rows is not None and self.kept_rows >= self.max_rows:
-            return
-        self._current[tuple(sequence)] = layers
-
-    @property
-    def kept_rows(self) -> int:
-        """Rows kept now: the last call's not yet copied and this call's."""
-        return len(self._previous) + len(self._current)
-
-    def release(self, context: Sequence[int], length: int) -> None:
-        """Count a hit and drop the kept row whose ``length`` cached positions ``context`` was
-        found to extend (its keys and values were copied into a batch and are not needed
-        again)."""
-        self.hits += 1
-        self.reused_tokens += length
-        self._previous.pop(tuple(context[:length + 1]), None)
-
-    def advance(self) -> None:
-        """End a call: its rows become the ones the next call's contexts can extend."""
-        self._previous, self._current = self._current, {}
-        self._lengths = sorted({len(k) for k in self._previous}, reverse=True)
-
-    def clear(self) -> None:
-        """Drop every kept row."""
-        self._previous, self._current, self._lengths = {}, {}, []
-
-
 def _left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
               device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Left-padded ``[N, W]`` input ids, their attention mask (``None`` when every prompt has
@@ -405,45 +253,41 @@ def _decode(
     logits: torch.Tensor,
     attention: torch.Tensor | None,
     positions: torch.Tensor,
+    sampling: SamplingParams,
     *,
-    max_new_tokens: int,
-    stops: Sequence[int],
-    temperature: float,
-    top_p: float,
-    greedy: bool,
     generator: torch.Generator | None,
-    paired_draws: bool = False,
     budgets: torch.Tensor | None = None,
     row_stop: RowStop | None = None,
     keep: Callable[[int, list[tuple[torch.Tensor, torch.Tensor]]], None] | None = None,
-    fast_attention: bool = True,
 ) -> tuple[list[list[int]], list[bool]]:
     """The decoding loop shared by :func:`sample_responses` and :func:`sample_continuations`,
-    under :func:`decode_attention` (``fast_attention``).
+    under :func:`~gear_rl.sampling.attention.decode_attention` (``sampling.fast_attention``).
 
     Args:
         model: the causal LM that filled ``cache``.
-        cache: ``R`` rows of ``W`` cached positions (buffers with room for ``max_new_tokens``
-            more, see :func:`_buffered_cache`).
+        cache: ``R`` rows of ``W`` cached positions (buffers with room for
+            ``sampling.max_new_tokens`` more, see :func:`~gear_rl.sampling.cache.buffered_cache`).
         logits: ``[R, V]`` next-token logits of every row.
         attention: ``[R, W]``, 1 on cached tokens and 0 on left padding; ``None`` when no row is
             padded (then no mask is built at all).
         positions: ``[R]`` position id of each row's next token.
-        max_new_tokens, stops, temperature, top_p, greedy, generator, paired_draws,
-            fast_attention: see :func:`sample_responses`.
+        sampling: how tokens are drawn and when rows stop (its ``batch_size`` and ``pad_id``
+            are the caller's business). ``generator``: the random stream.
         budgets: ``[R]`` each row's own cap (<= ``max_new_tokens``; None: all
             ``max_new_tokens``).
         row_stop: stop a row once its new tokens satisfy it (:class:`RowStop`).
         keep: called as a row leaves the batch, with the row's index and its cache (every
             position but its last token's, padding removed): per layer ``(keys, values)``,
-            ``[heads, positions, head_dim]`` (the cache must be :class:`_BufferLayer` s).
+            ``[heads, positions, head_dim]`` (the cache must be
+            :class:`~gear_rl.sampling.cache.BufferLayer` s).
 
     Returns:
         ``R`` responses (each ending at its first stop token, at the step ``row_stop`` fired,
         or cut at its budget) and ``R`` finished flags (True where the response ends with a
         stop token).
     """
-    with decode_attention(model, fast_attention):
+    max_new_tokens, stops = sampling.max_new_tokens, sampling.stop_ids
+    with decode_attention(model, sampling.fast_attention):
         rows, device = logits.shape[0], logits.device
         # One token buffer and (with padding) one mask buffer for the whole loop.
         out = torch.full((rows, max_new_tokens), -1, dtype=torch.long, device=device)
@@ -452,7 +296,7 @@ def _decode(
             width = attention.shape[1]
             mask = attention.new_ones(rows, width + max_new_tokens)
             mask[:, :width] = attention
-        stop_tensor = torch.tensor(sorted(set(stops)), device=device)
+        stop_tensor = torch.tensor(stops, device=device)
         active = torch.arange(rows, device=device)  # the original row of each live batch row
         trigger = None
         if row_stop is not None:
@@ -465,10 +309,10 @@ def _decode(
         # paired: every (row, step) has its own uniform number, drawn before decoding, whichever
         # rows finish early (row-major, so a row's numbers are a fixed stretch of the stream)
         draws = (torch.rand(rows, max_new_tokens, generator=generator, device=device)
-                 if paired_draws and not greedy else None)
+                 if sampling.paired_draws and not sampling.greedy else None)
 
         def save(leaving: torch.Tensor) -> None:  # the rows at these batch indices leave
-            layers = cast(list[_BufferLayer], cache.layers)
+            layers = cast(list[BufferLayer], cache.layers)
             length = layers[0].length
             for k in leaving.tolist():
                 columns = None if mask is None else mask[k, :length].nonzero().squeeze(-1)
@@ -481,11 +325,11 @@ def _decode(
                 cast(Callable, keep)(int(active[k]), kept_layers)
 
         for step in range(max_new_tokens):
-            if greedy:
+            if sampling.greedy:
                 tokens = logits.argmax(-1)
             else:
-                tokens = sample_next_token(logits, temperature=temperature, top_p=top_p,
-                                           generator=generator,
+                tokens = sample_next_token(logits, temperature=sampling.temperature,
+                                           top_p=sampling.top_p, generator=generator,
                                            uniform=None if draws is None else draws[active, step])
             out[active, step] = tokens
             if step == max_new_tokens - 1:
@@ -522,34 +366,17 @@ def _decode(
         return responses, [r[-1] in stop_set for r in responses]
 
 
-def _check_sampling(max_new_tokens: int, temperature: float, top_p: float, greedy: bool) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not greedy and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (greedy=True for argmax), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-
-
 @torch.no_grad()
 def sample_responses(
     model: torch.nn.Module,
     prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams,
     *,
-    max_new_tokens: int,
-    stop_ids: Iterable[int],
-    pad_id: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    batch_size: int | None = None,
-    greedy: bool = False,
-    paired_draws: bool = False,
     budgets: Sequence[int] | None = None,
     row_stop: RowStop | None = None,
     turn_cache: TurnCache | None = None,
-    fast_attention: bool = True,
-) -> Rollout:
+) -> Samples:
     """Sample one response per prompt with a KV cache, stopping each row at its first stop token.
 
     Each distinct prompt of a batch is prefilled once and its cache rows are repeated for its
@@ -560,60 +387,57 @@ def sample_responses(
             passes a bf16 copy of the policy on CPU). Full-attention layers get preallocated
             cache buffers; other layer kinds (sliding windows) keep their own cache layers.
         prompt_ids: ``B`` token-id lists (a prompt repeated K times gives K samples).
-        max_new_tokens: cap on response length.
-        stop_ids: end-of-turn token ids (see ``stop_token_ids``).
-        pad_id: id used for left padding (never attended to).
-        temperature, top_p: sampling distribution (see ``sample_next_token``).
+        sampling: the cap, stop and padding ids, distribution, decoding batch (the prompts are
+            split into chunks of ``sampling.batch_size`` rows) and draw mode
+            (:class:`SamplingParams`).
         generator: random stream on the model's device; same generator state -> same samples.
-        batch_size: split the prompts into chunks of this many rows (None: one batch).
-        greedy: take the most likely token (``argmax`` of the logits, first index on ties, as
-            ``model.generate(do_sample=False)``) instead of sampling; ``temperature``, ``top_p``
-            and ``generator`` are then unused.
-        paired_draws: draw every row's uniform numbers for all ``max_new_tokens`` steps
-            before decoding (``[rows, max_new_tokens]`` from ``generator``, one batch after
-            another), so that row ``i`` samples with the same numbers whatever the other rows
-            generate and whenever they finish (common random numbers for comparing models);
-            rows still leave the batch at their stop token. Off (default): one draw per live
-            row and step, as in training.
-        budgets: ``B`` per-row caps, each in ``[1, max_new_tokens]`` (None: every row
+        budgets: ``B`` per-row caps, each in ``[1, sampling.max_new_tokens]`` (None: every row
             ``max_new_tokens``); a row leaves the batch at its cap.
         row_stop: also stop a row once its new tokens satisfy it (:class:`RowStop`; the
             agent loop's "a complete tool call was written").
         turn_cache: reuse the KV caches of an earlier call's rows that a prompt extends and
-            keep this call's rows in it (:class:`TurnCache`; the caller calls its ``advance``
-            after each call). Ignored for models with other than full-attention layers.
-        fast_attention: decode under :func:`decode_attention` (CPU, ``sdpa`` models; False:
-            transformers' SDPA at every step, e.g. to compare).
+            keep this call's rows in it (:class:`~gear_rl.sampling.cache.TurnCache`; the
+            caller calls its ``advance`` after each call). Ignored for models with other than
+            full-attention layers.
 
     Returns:
-        ``Rollout`` with ``B`` responses in the order of ``prompt_ids``.
+        :class:`Samples` with ``B`` responses in the order of ``prompt_ids``.
     """
-    _check_sampling(max_new_tokens, temperature, top_p, greedy)
     prompts = [list(map(int, p)) for p in prompt_ids]
+    if not prompts:
+        raise ValueError("prompt_ids: needs at least one prompt")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: every prompt needs at least one token")
     caps = None if budgets is None else [int(b) for b in budgets]
     if caps is not None and (len(caps) != len(prompts)
-                             or any(not 1 <= b <= max_new_tokens for b in caps)):
+                             or any(not 1 <= b <= sampling.max_new_tokens for b in caps)):
         raise ValueError(f"budgets: one per prompt ({len(prompts)}), each in [1, "
-                         f"max_new_tokens={max_new_tokens}]")
-    stops = sorted(set(int(s) for s in stop_ids))
-    if batch_size is not None and batch_size < len(prompts):
-        parts = [
-            sample_responses(
-                model, prompts[i : i + batch_size], max_new_tokens=max_new_tokens,
-                stop_ids=stops, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                generator=generator, greedy=greedy, paired_draws=paired_draws,
-                budgets=None if caps is None else caps[i : i + batch_size], row_stop=row_stop,
-                turn_cache=turn_cache, fast_attention=fast_attention,
-            )
-            for i in range(0, len(prompts), batch_size)
-        ]
-        return Rollout(
-            prompt_ids=prompts,
-            response_ids=[r for p in parts for r in p.response_ids],
-            finished=[f for p in parts for f in p.finished],
-        )
+                         f"max_new_tokens={sampling.max_new_tokens}]")
+    size = sampling.batch_size or len(prompts)
+    responses: list[list[int]] = []
+    finished: list[bool] = []
+    for start in range(0, len(prompts), size):
+        part, done = _sample_batch(model, prompts[start : start + size], sampling, generator,
+                                   None if caps is None else caps[start : start + size],
+                                   row_stop, turn_cache)
+        responses += part
+        finished += done
+    return Samples(prompt_ids=prompts, response_ids=responses, finished=finished)
+
+
+def _sample_batch(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    generator: torch.Generator | None,
+    caps: list[int] | None,
+    row_stop: RowStop | None,
+    turn_cache: TurnCache | None,
+) -> tuple[list[list[int]], list[bool]]:
+    """One decoding batch of :func:`sample_responses` (its arguments, checked): prefill the
+    ``N`` prompts (each distinct one once, or what it adds to a row of ``turn_cache``) and
+    decode. Returns the ``N`` responses and finished flags."""
+    max_new_tokens, pad_id = sampling.max_new_tokens, sampling.pad_id
     device = next(model.parameters()).device
     prefill = DynamicCache(config=cast(PreTrainedConfig, model.config))
     full_attention = all(type(layer) is DynamicLayer for layer in prefill.layers)
@@ -640,9 +464,9 @@ def sample_responses(
         rows = None if len(distinct) == len(prompts) else torch.tensor(source, device=device)
         cache = prefill
         if full_attention:
-            cache = _buffered_cache(prefill,
-                                    (lambda t: t) if rows is None else (lambda t: t[rows]),
-                                    max_new_tokens)
+            cache = buffered_cache(prefill,
+                                   (lambda t: t) if rows is None else (lambda t: t[rows]),
+                                   max_new_tokens)
         elif rows is not None:
             prefill.batch_select_indices(rows)
         if rows is not None:
@@ -651,16 +475,14 @@ def sample_responses(
     del prefill
     kept: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     responses, finished = _decode(
-        model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens, stops=stops,
-        temperature=temperature, top_p=top_p, greedy=greedy, generator=generator,
-        paired_draws=paired_draws,
+        model, cache, logits, attention, lengths, sampling, generator=generator,
         budgets=None if caps is None else torch.tensor(caps, device=device), row_stop=row_stop,
-        keep=None if turn_cache is None else kept.__setitem__, fast_attention=fast_attention,
+        keep=None if turn_cache is None else kept.__setitem__,
     )
     if turn_cache is not None:
         for row, layers in kept.items():
             turn_cache.add(prompts[row] + responses[row], layers)
-    return Rollout(prompt_ids=prompts, response_ids=responses, finished=finished)
+    return responses, finished
 
 
 def _prefill_extending(
@@ -704,7 +526,7 @@ def _prefill_extending(
             if layers is not None:
                 keys[d, :, width - length:] = layers[index][0]
                 values[d, :, width - length:] = layers[index][1]
-        buffers.append(_BufferLayer(keys, values, width + span + extra))
+        buffers.append(BufferLayer(keys, values, width + span + extra))
     cache = Cache(layers=cast(Any, buffers))
     cached = torch.tensor([length for length, _, _ in items], device=device)
     if rest_mask is None:
@@ -730,17 +552,10 @@ def sample_continuations(
     prefix_ids: Sequence[int],
     cuts: Sequence[int],
     samples: int,
+    sampling: SamplingParams,
     *,
-    max_new_tokens: int,
-    stop_ids: Iterable[int],
-    pad_id: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    batch_size: int | None = None,
-    greedy: bool = False,
-    fast_attention: bool = True,
-) -> list[Rollout]:
+) -> list[Samples]:
     """Sample ``samples`` continuations of each prefix ``prefix_ids[:c]``, ``c`` in ``cuts``,
     from one forward pass over ``prefix_ids``.
 
@@ -755,18 +570,16 @@ def sample_continuations(
         prefix_ids: one token sequence of length ``L`` (e.g. prompt + sampled response).
         cuts: prefix lengths, each in ``[1, L]`` (repeats allowed).
         samples: continuations per cut (>= 1).
-        max_new_tokens, stop_ids, temperature, top_p, generator, greedy, fast_attention: as
-            in :func:`sample_responses`.
-        pad_id: accepted for symmetry with :func:`sample_responses`; no pad token is ever fed
-            (padding lives in the cache and is masked).
-        batch_size: rows (continuations) decoded at once, ``len(cuts) * samples`` in all
-            (None: all at once). Rows are taken cut by cut, so a batch spans several cuts.
+        sampling: as in :func:`sample_responses`; its ``batch_size`` counts rows
+            (continuations), ``len(cuts) * samples`` in all, taken cut by cut, so a batch spans
+            several cuts. Its ``pad_id`` is never fed (padding lives in the cache and is
+            masked).
+        generator: as in :func:`sample_responses`.
 
     Returns:
-        One ``Rollout`` per cut, in the order of ``cuts``: ``prompt_ids`` holds ``samples``
-        copies of ``prefix_ids[:c]``, ``response_ids`` their continuations.
+        One :class:`Samples` per cut, in the order of ``cuts``: ``prompt_ids`` holds
+        ``samples`` copies of ``prefix_ids[:c]``, ``response_ids`` their continuations.
     """
-    _check_sampling(max_new_tokens, temperature, top_p, greedy)
     prefix = [int(t) for t in prefix_ids]
     cut_list = [int(c) for c in cuts]
     if not prefix:
@@ -778,9 +591,6 @@ def sample_continuations(
         raise ValueError(f"cuts must be in [1, {len(prefix)}] (the prefix length), got {bad}")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    stops = sorted(set(int(s) for s in stop_ids))
     device = next(model.parameters()).device
     full = DynamicCache(config=cast(PreTrainedConfig, model.config))
     distinct = sorted(set(cut_list))
@@ -791,7 +601,7 @@ def sample_continuations(
     ).logits[0]  # [len(distinct), V]: logits after each distinct cut
     logit_row = {c: i for i, c in enumerate(distinct)}
     row_cuts = [c for c in cut_list for _ in range(samples)]  # cut by cut, in order of cuts
-    chunk = batch_size or len(row_cuts)
+    chunk = sampling.batch_size or len(row_cuts)
     responses: list[list[int]] = []
     finished: list[bool] = []
     for start in range(0, len(row_cuts), chunk):
@@ -805,21 +615,18 @@ def sample_continuations(
         def take(t: torch.Tensor, source: torch.Tensor = source) -> torch.Tensor:
             return t[0][:, source].transpose(0, 1)  # [1, H, L, D] -> [R, H, W, D]
 
-        cache = _buffered_cache(full, take, max_new_tokens)
+        cache = buffered_cache(full, take, sampling.max_new_tokens)
         attention = None
         if bool((lengths < width).any()):
             attention = (column >= offset).long()
         logits = cut_logits[torch.tensor([logit_row[c] for c in row_cuts[start:start + chunk]],
                                          device=device)]
-        part, done = _decode(
-            model, cache, logits, attention, lengths, max_new_tokens=max_new_tokens,
-            stops=stops, temperature=temperature, top_p=top_p, greedy=greedy,
-            generator=generator, fast_attention=fast_attention,
-        )
+        part, done = _decode(model, cache, logits, attention, lengths, sampling,
+                             generator=generator)
         responses += part
         finished += done
     return [
-        Rollout(prompt_ids=[prefix[:c] for _ in range(samples)],
+        Samples(prompt_ids=[prefix[:c] for _ in range(samples)],
                 response_ids=responses[i * samples : (i + 1) * samples],
                 finished=finished[i * samples : (i + 1) * samples])
         for i, c in enumerate(cut_list)

@@ -1,14 +1,19 @@
-"""The KV-cache sampler: exact categorical / nucleus sampling, greedy agreement with
-``model.generate``, stopping and ordering, shared-prompt prefill, and continuations of one
-sequence's prefixes from its single cache (``sample_continuations``)."""
+"""The KV-cache sampler (``gear_rl.sampling``): exact categorical / nucleus sampling, greedy
+agreement with ``model.generate``, stopping and ordering, shared-prompt prefill, continuations
+of one sequence's prefixes from its single cache (``sample_continuations``), the
+:class:`SamplingParams` record and the turn cache."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
-from gear_rl.train.rollout import (
+from gear_rl.sampling import (
+    RowStop,
+    SamplingParams,
     TurnCache,
     sample_continuations,
     sample_next_token,
@@ -100,10 +105,10 @@ def test_greedy_equals_model_generate(tiny, greedy: bool) -> None:
     batch = [prompts[i] for i in (0, 1, 1, 2, 3, 0, 4, 5, 1)]
     free = [_generate_greedy(model, p, 20, tokenizer.pad_token_id) for p in prompts]
     stops = _stops_that_fire(model, tokenizer, free)
-    sampling = {"greedy": True} if greedy else {"top_p": 1e-9}
-    ours = sample_responses(model, batch, max_new_tokens=20, stop_ids=stops,
-                            pad_id=tokenizer.pad_token_id,
-                            generator=torch.Generator().manual_seed(0), **sampling)
+    mode = {"greedy": True} if greedy else {"top_p": 1e-9}
+    sampling = SamplingParams(max_new_tokens=20, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              **mode)
+    ours = sample_responses(model, batch, sampling, generator=torch.Generator().manual_seed(0))
     assert ours.prompt_ids == batch
     expected = {tuple(p): _cut(f, stops) for p, f in zip(prompts, free, strict=True)}
     for row, prompt in enumerate(batch):
@@ -142,14 +147,14 @@ def test_greedy_with_a_sliding_window_layer_equals_generate(full_layers: int) ->
                 sequence.append(int(model(torch.tensor([sequence])).logits[0, -1].argmax()))
         free.append(sequence[len(prompt):])
     stops = _stops_that_fire(model, tokenizer, free)
-    ours = sample_responses(model, batch, max_new_tokens=14, stop_ids=stops,
-                            pad_id=tokenizer.pad_token_id, greedy=True)
+    ours = sample_responses(model, batch, SamplingParams(
+        max_new_tokens=14, stop_ids=stops, pad_id=tokenizer.pad_token_id, greedy=True))
     for row, prompt in enumerate(batch):
         expected = _cut(free[prompts.index(prompt)], stops)
         assert (ours.response_ids[row], ours.finished[row]) == expected
     with pytest.raises(ValueError, match="sliding window"):
-        sample_continuations(model, prompts[1], [3], 2, max_new_tokens=4, stop_ids=stops,
-                             pad_id=tokenizer.pad_token_id)
+        sample_continuations(model, prompts[1], [3], 2, SamplingParams(
+            max_new_tokens=4, stop_ids=stops, pad_id=tokenizer.pad_token_id))
 
 
 def test_greedy_equals_batched_generate_token_for_token(tiny) -> None:
@@ -166,8 +171,8 @@ def test_greedy_equals_batched_generate_token_for_token(tiny) -> None:
     generated = model.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False,
                                eos_token_id=stops, pad_token_id=pad)[:, width:].tolist()
     for batch_size in (None, 5):
-        ours = sample_responses(model, prompts, max_new_tokens=16, stop_ids=stops, pad_id=pad,
-                                greedy=True, batch_size=batch_size)
+        ours = sample_responses(model, prompts, SamplingParams(
+            max_new_tokens=16, stop_ids=stops, pad_id=pad, greedy=True, batch_size=batch_size))
         for response, row in zip(ours.response_ids, generated, strict=True):
             assert response == row[:len(response)]
             assert response[-1] in stops or len(response) == 16
@@ -178,17 +183,17 @@ def test_stops_keep_order_and_are_reproducible(tiny) -> None:
     model, tokenizer = tiny
     prompts = _prompts(tokenizer, 6) * 4
     stops = stop_token_ids(tokenizer, model)
-    common = {"max_new_tokens": 12, "stop_ids": stops, "pad_id": tokenizer.pad_token_id,
-              "temperature": 1.5}
-    a = sample_responses(model, prompts, generator=torch.Generator().manual_seed(5), **common)
-    b = sample_responses(model, prompts, generator=torch.Generator().manual_seed(5), **common)
+    sampling = SamplingParams(max_new_tokens=12, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              temperature=1.5)
+    a = sample_responses(model, prompts, sampling, generator=torch.Generator().manual_seed(5))
+    b = sample_responses(model, prompts, sampling, generator=torch.Generator().manual_seed(5))
     assert a.response_ids == b.response_ids
     for response, finished in zip(a.response_ids, a.finished, strict=True):
         assert 1 <= len(response) <= 12
         assert not any(t in stops for t in response[:-1])
         assert finished == (response[-1] in stops)
-    chunked = sample_responses(model, prompts, generator=torch.Generator().manual_seed(5),
-                               batch_size=7, **common)
+    chunked = sample_responses(model, prompts, replace(sampling, batch_size=7),
+                               generator=torch.Generator().manual_seed(5))
     assert len(chunked.response_ids) == len(prompts)
 
 
@@ -209,8 +214,8 @@ def test_shared_prefill_samples_from_each_rows_own_distribution(tiny) -> None:
     prompts = _prompts(tokenizer, 3)
     batch = [p for p in prompts for _ in range(5)]
     pad = tokenizer.pad_token_id
-    ours = sample_responses(model, batch, max_new_tokens=1, stop_ids=[258], pad_id=pad,
-                            temperature=1.3, top_p=0.9,
+    ours = sample_responses(model, batch, SamplingParams(max_new_tokens=1, stop_ids=[258],
+                                                         pad_id=pad, temperature=1.3, top_p=0.9),
                             generator=torch.Generator().manual_seed(2))
     expected = sample_next_token(_last_logits(model, batch, pad), temperature=1.3, top_p=0.9,
                                  generator=torch.Generator().manual_seed(2))
@@ -246,17 +251,16 @@ def test_greedy_continuations_equal_generate_from_each_prefix(tiny_arch) -> None
     cuts = [len(sequence), 1, 7, 3, 7, len(sequence) - 1]
     expected = {c: _cut(_generate_greedy(model, sequence[:c], 12, pad), stops) for c in cuts}
     for batch_size in (None, 5):  # 5: batches of rows of two or three cuts
-        result = sample_continuations(model, sequence, cuts, 2, max_new_tokens=12,
-                                      stop_ids=stops, pad_id=pad, greedy=True,
-                                      batch_size=batch_size)
+        greedy = SamplingParams(max_new_tokens=12, stop_ids=stops, pad_id=pad, greedy=True)
+        result = sample_continuations(model, sequence, cuts, 2,
+                                      replace(greedy, batch_size=batch_size))
         assert len(result) == len(cuts)
-        for cut, rollout in zip(cuts, result, strict=True):
+        for cut, drawn in zip(cuts, result, strict=True):
             prefix = sequence[:cut]
-            assert rollout.prompt_ids == [prefix, prefix]
-            assert [(r, f) for r, f in zip(rollout.response_ids, rollout.finished,
+            assert drawn.prompt_ids == [prefix, prefix]
+            assert [(r, f) for r, f in zip(drawn.response_ids, drawn.finished,
                                            strict=True)] == [expected[cut]] * 2
-            alone = sample_responses(model, [prefix], max_new_tokens=12, stop_ids=stops,
-                                     pad_id=pad, greedy=True)
+            alone = sample_responses(model, [prefix], greedy)
             assert alone.response_ids[0] == expected[cut][0]
 
 
@@ -267,24 +271,24 @@ def test_sampled_continuations_follow_sample_responses(tiny_arch) -> None:
     model, tokenizer = tiny_arch
     sequence = _sequence(tokenizer)
     stops = stop_token_ids(tokenizer, model)
-    common = {"max_new_tokens": 10, "stop_ids": stops, "pad_id": tokenizer.pad_token_id,
-              "temperature": 1.4, "top_p": 0.95}
+    sampling = SamplingParams(max_new_tokens=10, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              temperature=1.4, top_p=0.95)
     for cut in (4, len(sequence)):
-        (one,) = sample_continuations(model, sequence, [cut], 6,
-                                      generator=torch.Generator().manual_seed(7), **common)
-        copies = sample_responses(model, [sequence[:cut]] * 6,
-                                  generator=torch.Generator().manual_seed(7), **common)
+        (one,) = sample_continuations(model, sequence, [cut], 6, sampling,
+                                      generator=torch.Generator().manual_seed(7))
+        copies = sample_responses(model, [sequence[:cut]] * 6, sampling,
+                                  generator=torch.Generator().manual_seed(7))
         assert one.response_ids == copies.response_ids
         assert one.finished == copies.finished
         assert len({tuple(r) for r in one.response_ids}) > 1
     cuts = [2, 9, 5, len(sequence)]
-    runs = [sample_continuations(model, sequence, cuts, 3, batch_size=4,
-                                 generator=torch.Generator().manual_seed(8), **common)
+    runs = [sample_continuations(model, sequence, cuts, 3, replace(sampling, batch_size=4),
+                                 generator=torch.Generator().manual_seed(8))
             for _ in range(2)]
     assert [r.response_ids for r in runs[0]] == [r.response_ids for r in runs[1]]
-    for rollout in runs[0]:
-        assert len(rollout.response_ids) == 3
-        for response, finished in zip(rollout.response_ids, rollout.finished, strict=True):
+    for drawn in runs[0]:
+        assert len(drawn.response_ids) == 3
+        for response, finished in zip(drawn.response_ids, drawn.finished, strict=True):
             assert 1 <= len(response) <= 10
             assert not any(t in stops for t in response[:-1])
             assert finished == (response[-1] in stops)
@@ -296,26 +300,72 @@ def test_continuations_first_tokens_are_draws_from_each_prefix(tiny) -> None:
     model, tokenizer = tiny
     sequence = _sequence(tokenizer)
     cuts = [3, 1, len(sequence), 8]
-    result = sample_continuations(model, sequence, cuts, 4, max_new_tokens=1, stop_ids=[258],
-                                  pad_id=tokenizer.pad_token_id, temperature=0.8,
+    result = sample_continuations(model, sequence, cuts, 4,
+                                  SamplingParams(max_new_tokens=1, stop_ids=[258],
+                                                 pad_id=tokenizer.pad_token_id, temperature=0.8),
                                   generator=torch.Generator().manual_seed(3))
     prefixes = [sequence[:c] for c in cuts for _ in range(4)]
     expected = sample_next_token(_last_logits(model, prefixes, tokenizer.pad_token_id),
                                  temperature=0.8, generator=torch.Generator().manual_seed(3))
-    assert [r[0] for rollout in result for r in rollout.response_ids] == expected.tolist()
+    assert [r[0] for drawn in result for r in drawn.response_ids] == expected.tolist()
 
 
 def test_continuation_arguments_are_checked(tiny) -> None:
     model, tokenizer = tiny
-    common = {"max_new_tokens": 4, "stop_ids": [258], "pad_id": tokenizer.pad_token_id}
+    sampling = SamplingParams(max_new_tokens=4, stop_ids=[258], pad_id=tokenizer.pad_token_id)
     with pytest.raises(ValueError, match=r"cuts must be in \[1, 3\]"):
-        sample_continuations(model, [5, 6, 7], [0, 2], 2, **common)
+        sample_continuations(model, [5, 6, 7], [0, 2], 2, sampling)
     with pytest.raises(ValueError, match=r"cuts must be in \[1, 3\]"):
-        sample_continuations(model, [5, 6, 7], [4], 2, **common)
+        sample_continuations(model, [5, 6, 7], [4], 2, sampling)
     with pytest.raises(ValueError, match="samples"):
-        sample_continuations(model, [5, 6, 7], [2], 0, **common)
+        sample_continuations(model, [5, 6, 7], [2], 0, sampling)
+
+
+def test_paired_continuations_do_not_depend_on_the_other_cuts(tiny) -> None:
+    """With paired draws every continuation row samples with its own pre-drawn numbers, so a
+    cut's continuations are the same whether other cuts decode beside it or not (fp32), as
+    :func:`sample_responses` does for its rows."""
+    model, tokenizer = tiny
+    sequence = _sequence(tokenizer)
+    stops = sorted(set(stop_token_ids(tokenizer, model)) | {sequence[4]})
+    sampling = SamplingParams(max_new_tokens=8, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              temperature=1.5, paired_draws=True)
+    alone = sample_continuations(model, sequence, [5], 3, sampling,
+                                 generator=torch.Generator().manual_seed(9))
+    beside = sample_continuations(model, sequence, [5, 2, len(sequence)], 3, sampling,
+                                  generator=torch.Generator().manual_seed(9))
+    assert beside[0].response_ids == alone[0].response_ids
+    assert beside[0].finished == alone[0].finished
+    assert len({tuple(r) for r in alone[0].response_ids}) > 1
+
+
+def test_the_sampler_imports_nothing_of_the_trainer() -> None:
+    """``gear_rl.sampling`` sits below ``gear_rl.train``: importing it loads no trainer module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gear_rl.sampling; "
+            "print([m for m in sys.modules if m.startswith('gear_rl.train')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+def test_sampling_params_are_checked_and_stop_ids_normalised() -> None:
+    """A :class:`SamplingParams` refuses what the sampler cannot do (a zero cap, a
+    non-positive temperature unless greedy, a top-p outside (0, 1], an empty decoding batch)
+    and keeps its stop ids as a sorted tuple without repeats."""
+    base = {"stop_ids": [258], "pad_id": 256}
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0, **base)
     with pytest.raises(ValueError, match="temperature"):
-        sample_continuations(model, [5, 6, 7], [2], 1, temperature=0.0, **common)
+        SamplingParams(max_new_tokens=4, temperature=0.0, **base)
+    assert SamplingParams(max_new_tokens=4, temperature=0.0, greedy=True, **base).greedy
+    for top_p in (0.0, 1.5):
+        with pytest.raises(ValueError, match="top_p"):
+            SamplingParams(max_new_tokens=4, top_p=top_p, **base)
+    with pytest.raises(ValueError, match="batch_size"):
+        SamplingParams(max_new_tokens=4, batch_size=0, **base)
+    assert SamplingParams(max_new_tokens=4, stop_ids=[7, 3, 7], pad_id=0).stop_ids == (3, 7)
 
 
 def test_paired_draws_fix_each_rows_numbers_and_still_stop_early(tiny) -> None:
@@ -326,12 +376,11 @@ def test_paired_draws_fix_each_rows_numbers_and_still_stop_early(tiny) -> None:
     model, tokenizer = tiny
     prompts = _prompts(tokenizer, 6) * 3
     free_stops: list[int] = []  # no row stops
-    common = {"max_new_tokens": 12, "pad_id": tokenizer.pad_token_id, "temperature": 1.5,
-              "paired_draws": True}
-
-    def run(rows, stops, **extra):
-        return sample_responses(model, rows, stop_ids=stops,
-                                generator=torch.Generator().manual_seed(3), **common, **extra)
+    def run(rows, stops, batch_size=None):
+        sampling = SamplingParams(max_new_tokens=12, stop_ids=stops,
+                                  pad_id=tokenizer.pad_token_id, temperature=1.5,
+                                  batch_size=batch_size, paired_draws=True)
+        return sample_responses(model, rows, sampling, generator=torch.Generator().manual_seed(3))
 
     free = run(prompts, free_stops).response_ids
     assert all(len(r) == 12 for r in free)
@@ -357,16 +406,14 @@ def test_row_budgets_and_row_stop_end_each_row_where_they_say(tiny) -> None:
     whose token is a trigger and whose tokens so far satisfy ``done`` (asked only then). With
     paired draws every row keeps its numbers, so each response is its free response cut
     there, and neither is a finished (stop-token) response."""
-    from gear_rl.train.rollout import RowStop
-
     model, tokenizer = tiny
     prompts = _prompts(tokenizer, 6) * 2
-    common = {"max_new_tokens": 12, "stop_ids": [], "pad_id": tokenizer.pad_token_id,
-              "temperature": 1.5, "paired_draws": True}
+    sampling = SamplingParams(max_new_tokens=12, stop_ids=[], pad_id=tokenizer.pad_token_id,
+                              temperature=1.5, paired_draws=True)
 
     def run(**extra):
-        return sample_responses(model, prompts, generator=torch.Generator().manual_seed(4),
-                                **common, **extra)
+        return sample_responses(model, prompts, sampling,
+                                generator=torch.Generator().manual_seed(4), **extra)
 
     free = run().response_ids
     budgets = [1 + (5 * i) % 12 for i in range(len(prompts))]
@@ -459,15 +506,14 @@ def test_turn_cache_samples_what_prefilling_every_turn_samples(arch: str, greedy
     cache = TurnCache()
     hits = reused = 0
     previous: dict[tuple[int, ...], int] = {}
+    sampling = SamplingParams(max_new_tokens=12, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              greedy=greedy, batch_size=4)
     for turn in range(4):
-        rollouts = []
-        for turn_cache in (cache, None):
-            rollouts.append(sample_responses(
-                model, contexts, max_new_tokens=12, stop_ids=stops, pad_id=tokenizer.pad_token_id,
-                generator=torch.Generator().manual_seed(turn), greedy=greedy, batch_size=4,
-                budgets=[12, 5, 12, 9, 12, 12], turn_cache=turn_cache))
+        ours, full = (sample_responses(model, contexts, sampling,
+                                       generator=torch.Generator().manual_seed(turn),
+                                       budgets=[12, 5, 12, 9, 12, 12], turn_cache=turn_cache)
+                      for turn_cache in (cache, None))
         cache.advance()
-        ours, full = rollouts
         assert ours.response_ids == full.response_ids and ours.finished == full.finished
         for context in contexts:  # the longest kept row each context extends
             found = [length for key, length in previous.items()
@@ -500,9 +546,10 @@ def test_turn_cache_keeps_at_most_max_rows() -> None:
         most = max(most, cache.kept_rows)
 
     cache.add = add  # type: ignore[method-assign]
+    sampling = SamplingParams(max_new_tokens=8, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                              batch_size=2)
     for turn in range(3):
-        ours, full = (sample_responses(model, contexts, max_new_tokens=8, stop_ids=stops,
-                                       pad_id=tokenizer.pad_token_id, batch_size=2,
+        ours, full = (sample_responses(model, contexts, sampling,
                                        generator=torch.Generator().manual_seed(turn),
                                        turn_cache=turn_cache)
                       for turn_cache in (cache, None))
@@ -528,9 +575,9 @@ def test_turn_cache_is_unused_with_sliding_window_layers() -> None:
         model = Qwen2ForCausalLM(config).eval()
     tokenizer = build_tiny_tokenizer()
     contexts, cache = _prompts(tokenizer, 3), TurnCache()
+    sampling = SamplingParams(max_new_tokens=8, stop_ids=[258], pad_id=256, greedy=True)
     for turn in range(2):
-        ours, full = (sample_responses(model, contexts, max_new_tokens=8, stop_ids=[258],
-                                       pad_id=256, greedy=True, turn_cache=turn_cache)
+        ours, full = (sample_responses(model, contexts, sampling, turn_cache=turn_cache)
                       for turn_cache in (cache, None))
         cache.advance()
         assert ours.response_ids == full.response_ids

@@ -1,9 +1,15 @@
-"""Paired statistics of a study: every cell of a task is evaluated on the same held-out problems
-with the same sampling seeds per problem, so a method and the baseline are compared problem by
-problem (docs/study.md defines every number).
+"""The project's statistics, in one place: ``gear-rl compare``'s over seeds and ``gear-rl
+study``'s paired over problems and seeds (docs/study.md defines every number).
 
-A method's results form a table ``Y[s, p]``: the score of seed ``s`` on held-out problem ``p``
-at the final evaluation (Mean@k: the fraction of the problem's k samples that are correct;
+**Over seeds** (``gear-rl compare``: one final held-out Mean@k per run):
+
+- :func:`t_interval`: the Student-t interval of a mean over seeds;
+- :func:`welch_test`: Welch's two-sided unequal-variance t-test of two methods' seeds.
+
+**Paired** (``gear-rl study``): every cell of a task is evaluated on the same held-out problems
+with the same sampling seeds per problem, so a method and the baseline are compared problem by
+problem. A method's results form a table ``Y[s, p]``: the score of seed ``s`` on held-out problem
+``p`` at the final evaluation (Mean@k: the fraction of the problem's k samples that are correct;
 pass@k: 1 when any is). Its estimate is the mean over seeds and problems, which is also the mean
 over seeds of each seed's held-out Mean@k.
 
@@ -12,15 +18,17 @@ over seeds of each seed's held-out Mean@k.
   seeds with replacement (the same draw for both when they ran the same seeds: paired over
   seeds; otherwise each method's seeds on their own), and recomputes the difference of the
   means. The interval is the percentile interval of the replicates; the standard error is their
-  standard deviation.
-- **Seed-level test**: the per-seed Mean@k of the two methods, by a paired t-test over seeds
-  (``scipy.stats.ttest_rel``) when both ran the same seeds (seed ``s`` of each shares its data
-  order and sampling seeds), else Welch's test (:func:`gear_rl.report.compare.welch_test`).
+  standard deviation. :func:`bootstrap_mean`: one method's mean with such an interval.
+- **Seed-level test** (:func:`seed_test`): the per-seed Mean@k of the two methods, by a paired
+  t-test over seeds (``scipy.stats.ttest_rel``) when both ran the same seeds (seed ``s`` of each
+  shares its data order and sampling seeds), else Welch's test (:func:`welch_test`).
 - **Verdict** (:func:`verdict`): "better beyond noise" when the interval lies above 0, "worse
   beyond noise" when below, "within noise" when it contains 0.
 - **Minimum detectable difference** (:func:`minimum_detectable`): ``(z(1 - alpha/2) + z(power))
   x SE``, 2.80 x SE at alpha = 0.05 and 80% power: the smallest true difference this design
   would call beyond noise four times in five (normal approximation, same SE).
+
+Numbers in, numbers out: nothing here reads a run or imports from the project.
 """
 
 from __future__ import annotations
@@ -34,21 +42,77 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.stats
 
-from gear_rl.report.compare import welch_test
-
 __all__ = [
     "VERDICTS",
     "Difference",
     "Estimate",
     "SeedTest",
+    "WelchResult",
     "bootstrap_mean",
     "minimum_detectable",
     "paired_difference",
     "seed_test",
+    "t_interval",
     "verdict",
+    "welch_test",
 ]
 
 VERDICTS = ("better beyond noise", "within noise", "worse beyond noise")
+
+
+# ------------------------------------------------------------------------------ over seeds
+def t_interval(values: Sequence[float], confidence: float = 0.95
+               ) -> tuple[float, float | None, float | None]:
+    """``(mean, low, high)``: the Student-t confidence interval of the mean of ``values``
+    (``low = high = None`` for a single value: no interval exists)."""
+    if not values:
+        raise ValueError("values must not be empty")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None, None
+    half = (float(scipy.stats.t.ppf(0.5 + confidence / 2.0, len(values) - 1))
+            * statistics.stdev(values) / math.sqrt(len(values)))
+    return mean, mean - half, mean + half
+
+
+@dataclass(frozen=True)
+class WelchResult:
+    """Welch's unequal-variance t-test of ``mean(a) - mean(b)``.
+
+    Attributes:
+        difference: ``mean(a) - mean(b)``.
+        t, df: the statistic and Welch-Satterthwaite degrees of freedom (None when both
+            samples have zero variance).
+        p: two-sided p-value (0.0 or 1.0 in the zero-variance case: the means differ or not).
+    """
+
+    difference: float
+    t: float | None
+    df: float | None
+    p: float
+
+
+def welch_test(a: Sequence[float], b: Sequence[float]) -> WelchResult | None:
+    """Welch's two-sided t-test (``scipy.stats.ttest_ind(a, b, equal_var=False)``); None when
+    either sample has fewer than 2 values."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    # Checked with exact variances first: scipy's floating-point variance of identical values
+    # can come out a rounding error above zero, which would turn "no spread" into a huge t.
+    if statistics.variance(a) == 0.0 and statistics.variance(b) == 0.0:
+        return WelchResult(difference, None, None, 1.0 if difference == 0 else 0.0)
+    with warnings.catch_warnings():
+        # scipy warns of "catastrophic cancellation" when one side has (almost) no spread; the
+        # test is still right there (it matches the closed form, tests/test_compare.py).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        test = scipy.stats.ttest_ind(a, b, equal_var=False)
+    return WelchResult(difference, float(test.statistic), float(test.df), float(test.pvalue))
+
+
+# ------------------------------------------------------------------------------ paired
 
 
 @dataclass(frozen=True)
@@ -196,7 +260,7 @@ def seed_test(method: Sequence[float], baseline: Sequence[float], *,
             return None
         differences = [m - b for m, b in zip(method, baseline, strict=True)]
         mean = statistics.fmean(differences)
-        # exact variance first, as compare.welch_test does: identical differences have none
+        # exact variance first, as welch_test does: identical differences have none
         if statistics.variance(differences) == 0.0:
             return SeedTest("paired t", mean, None, None, 1.0 if mean == 0 else 0.0,
                             len(method))
