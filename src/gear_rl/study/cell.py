@@ -1,9 +1,11 @@
 """The process of one study cell: ``python -m gear_rl.study.cell PARENT_PID train ARGS...``.
 
-It runs ``gear-rl train ARGS...`` (:func:`gear_rl.cli.main`) after asking Linux to kill it when
-its parent, the study runner, dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``): a study killed with
-SIGKILL takes its running cells with it, so a rerun finds their run directories unlocked and
-resumes them, instead of racing orphans that keep training into the same folders.
+It asks Linux to kill it when its parent, the study runner, dies
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``), then replaces itself with ``python -m gear_rl.cli train
+ARGS...`` (``os.execv``: same process, and the death signal survives the exec): a study killed
+with SIGKILL takes its running cells with it, so a rerun finds their run directories unlocked
+and resumes them, instead of racing orphans that keep training into the same folders. The exec
+keeps ``study`` below ``cli`` in the import order (``cli`` imports ``study``, never the reverse).
 """
 
 from __future__ import annotations
@@ -28,16 +30,17 @@ def die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``PARENT_PID COMMAND ARGS...``: the ``gear-rl`` command's exit status."""
+    """``PARENT_PID COMMAND ARGS...``: becomes the ``gear-rl`` command (returns only on a usage
+    error)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or not args[0].isdigit():
         print("usage: python -m gear_rl.study.cell PARENT_PID COMMAND [ARGS...]",
               file=sys.stderr)
         return 2
     die_with_parent(int(args[0]))
-    from gear_rl.cli import main as gear_rl
-
-    return gear_rl(args[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "gear_rl.cli", *args[1:]])
 
 
 if __name__ == "__main__":
