@@ -158,8 +158,8 @@ LONG_CASES = [  # (spike rate, burst rate): sparse, dense (most tokens inside), 
 @pytest.mark.parametrize("segmentation", SEGMENTATION_MODES)
 @pytest.mark.parametrize(("spikes", "bursts"), LONG_CASES)
 def test_long_rows_equal_reference(segmentation: str, spikes: float, bursts: float) -> None:
-    """Rows longer than the kernel's block (1024) and with several policy runs, at sparse and
-    dense segment densities: onsets identical to the reference, advantages within 1e-5."""
+    """Long rows with several policy runs, at sparse and dense segment densities: onsets
+    identical to the reference, advantages within 1e-5."""
     adv, div, ent, mask = spiky_rows(4, 2600, spikes, bursts, seed=int(spikes * 1000))
     for normalize in NORMALIZE_MODES:
         for window, mean_preserving in ((8, False), (3, True)):
@@ -174,8 +174,8 @@ def test_long_rows_equal_reference(segmentation: str, spikes: float, bursts: flo
 
 @pytest.mark.parametrize("window", [1, 2, 5, 8, 9, 12, 16, 17])
 def test_entropy_window_any_window_size(window: int) -> None:
-    """The full-window means are summed eight offsets at a time: window sizes around and past
-    eight, powers of two or not, give the reference's onsets."""
+    """Window sizes around and past eight, powers of two or not, give the reference's
+    onsets."""
     _, div, ent, mask = spiky_rows(3, 1500, 0.3, 0.3, seed=window)
     for lambda_h in (0.9, 1.2, 1.5):
         config = GEARConfig(segmentation="entropy_window", window=window, lambda_h=lambda_h)
@@ -186,8 +186,8 @@ def test_entropy_window_any_window_size(window: int) -> None:
 @pytest.mark.parametrize("lambda_h", [-0.5, 0.0, 1.5])
 @pytest.mark.parametrize("segmentation", ["kl_entropy", "entropy_only", "entropy_window"])
 def test_float64_and_odd_thresholds_equal_reference(lambda_h: float, segmentation: str) -> None:
-    """float64 inputs (the kernel's integer order keys then come from 64-bit floats), and
-    thresholds at or below zero, where -0.0 and 0.0 entropies must compare equal."""
+    """float64 inputs, and thresholds at or below zero, where -0.0 and 0.0 entropies must
+    compare equal."""
     adv, div, ent, mask = spiky_rows(3, 1300, 0.3, 0.08, seed=7, dtype=torch.float64)
     config = GEARConfig(segmentation=segmentation, lambda_h=lambda_h)
     assert gear_segments(div, ent, mask, config).tolist() == reference_onsets(div, ent, mask,
