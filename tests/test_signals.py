@@ -10,7 +10,7 @@ import torch
 
 from gear_rl.models import tiny_random_model
 from gear_rl.signals import (
-    ESTIMATORS,
+    DIVERGENCE_KINDS,
     TokenSignals,
     backbone_tokens,
     default_chunk_size,
@@ -62,7 +62,7 @@ def naive_signals(model, prompts, teachers, responses, mask, *, temperature=1.0,
     Returns ``[B, T]`` float64 tensors: student, teacher, entropy, and one divergence per
     estimator (``full``, ``topk`` over the student's ``topk`` most likely tokens, ``k1``, ``k3``).
     """
-    names = ("student", "teacher", "entropy", *ESTIMATORS)
+    names = ("student", "teacher", "entropy", *DIVERGENCE_KINDS)
     batch, length = len(responses), max(len(r) for r in responses)
     zero = torch.zeros((), dtype=torch.float64)
     rows = {name: [[zero] * length for _ in range(batch)] for name in names}
@@ -118,7 +118,7 @@ def test_matches_naive_forwards(arch):
     model = _model(arch)
     prompts, teachers, responses, mask = _batch(301)
     ref = naive_signals(model, prompts, teachers, responses, mask, temperature=0.7, topk=17)
-    for estimator in ESTIMATORS:
+    for estimator in DIVERGENCE_KINDS:
         sig = token_signals(model, prompts, teachers, responses, temperature=0.7,
                             estimator=estimator, topk=17 if estimator == "topk" else None,
                             response_mask=mask, chunk_size=5)
@@ -487,7 +487,7 @@ def test_shared_prompts_match_naive_and_unshared(arch):
     prompts, teachers, responses, mask = _shared_batch(301, seed=23)
     ref = naive_signals(model, prompts, teachers, responses, mask, temperature=0.7, topk=17)
     counts = _count_backbone_tokens(model)
-    for estimator in ESTIMATORS:
+    for estimator in DIVERGENCE_KINDS:
         kwargs = dict(temperature=0.7, estimator=estimator,
                       topk=17 if estimator == "topk" else None, response_mask=mask, chunk_size=5)
         counts.clear()

@@ -26,6 +26,7 @@ def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
                   samples_per_prompt: int) -> dict[str, float]:
     """Rollout and credit health numbers of one batch (``advantages``: ``[B, T]``)."""
     rewards, mask = batch.rewards, scores.mask
+    old_logprobs, entropy = scores.student()
     tokens = mask.sum().clamp(min=1.0)
     groups = rewards.view(-1, samples_per_prompt)
     lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
@@ -36,10 +37,10 @@ def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
         "groups_mixed": float((groups.max(1).values > groups.min(1).values).float().mean()),
         "response_len": float(lengths.mean()),
         "truncated": 1.0 - sum(batch.finished) / len(batch.finished),
-        "entropy_mean": float((scores.entropy * mask).sum() / tokens),
+        "entropy_mean": float((entropy * mask).sum() / tokens),
     }
     if scores.ref_logprobs is not None:
-        out["ref_kl"] = float(((scores.old_logprobs - scores.ref_logprobs) * mask).sum()
+        out["ref_kl"] = float(((old_logprobs - scores.ref_logprobs) * mask).sum()
                               / tokens)
     out.update(credit_diagnostics(estimator, credit_config, scores.credit_batch(batch),
                                   advantages, teacher_rows=scores.teacher_rows))
@@ -68,7 +69,8 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
                else None)
     segments = None
     if estimator.segments and scores.divergence is not None:
-        segments = gear_segments(scores.divergence, scores.entropy, scores.mask, credit_config)
+        segments = gear_segments(scores.divergence, scores.student()[1], scores.mask,
+                                 credit_config)
     out = []
     for row in chosen[:count]:
         length = len(batch.response_ids[row])

@@ -125,6 +125,14 @@ class Scores:
             extras=batch.extras or {},
         )
 
+    def student(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(old_logprobs, entropy)``, each ``[B, T]``: after the scoring pass, or under fused
+        scoring after the update has filled them (a ``ValueError`` before)."""
+        if self.old_logprobs is None or self.entropy is None:
+            raise ValueError("the student's log-probs and entropy are not computed yet: under "
+                             "fused scoring the update's forward fills them")
+        return self.old_logprobs, self.entropy
+
     def fill(self, rows: list[int], forward: dict[str, torch.Tensor]) -> None:
         """Write the update forward's detached student fields (and its teacher signals, if it
         ran the teacher) into rows ``rows`` (fused scoring); a field not filled yet starts as
