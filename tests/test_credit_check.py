@@ -472,7 +472,7 @@ def test_episode_values_bookkeeping() -> None:
     boundary is the mean of its continuations' rewards, each continued from exactly its prefix;
     how many cuts go into one call changes nothing (one stream per replicate, drawn in order);
     a boundary before an observation token is refused."""
-    from gear_rl.credit_check.values import estimate_episode_values
+    from gear_rl.mc_values import estimate_episode_values
 
     response = [5, 6, 7, 8, 9, 10]
     mask = [1, 1, 0, 0, 1, 1]

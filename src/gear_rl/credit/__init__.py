@@ -2,7 +2,8 @@
 
 One file per method, each citing its paper and registering itself with
 :func:`register_estimator`: ``grpo.py`` (GRPO, Dr.GRPO), ``gear.py`` (GEAR and its ablations),
-``token.py`` (top-entropy mask, RLSD), ``opsd.py`` (self-distillation alone), ``steps/``
+``token.py`` (top-entropy mask, RLSD), ``opsd.py`` (self-distillation alone), ``mc.py``
+(Monte-Carlo segment credit: SPO-chain, VinePPO), ``steps/``
 (turn/step-level methods for multi-turn agents: MT-GRPO, GiGPO, GAGPO, Gated-BEPO, GEAR over
 steps). ``segments.py`` is GEAR's scan (compiled kernel and reference), ``diagnostics.py`` the
 credit health numbers every engine logs, ``registry.py`` the name -> :class:`Estimator` map
@@ -21,6 +22,7 @@ from gear_rl.credit.gear import (
     gear_weights,
 )
 from gear_rl.credit.grpo import grpo_advantages, outcome_advantages
+from gear_rl.credit.mc import SPOChainConfig, VinePPOConfig
 from gear_rl.credit.opsd import OPSDConfig
 from gear_rl.credit.registry import (
     ENTRY_POINT_GROUP,
@@ -61,8 +63,10 @@ __all__ = [
     "OPSDConfig",
     "OutcomeConfig",
     "RLSDConfig",
+    "SPOChainConfig",
     "TopEntropyConfig",
     "TurnLevelConfig",
+    "VinePPOConfig",
     "credit_diagnostics",
     "estimator_names",
     "gear_advantages",

@@ -95,6 +95,12 @@ class Estimator:
             then compute the credit one micro-batch at a time, between each micro-batch's
             forward and its backward (``loss.fuse_scoring``), instead of in a separate scoring
             pass over the whole batch.
+        mc_boundaries: Monte-Carlo credit (SPO-chain, VinePPO): ``fn(batch, config) -> B sorted
+            lists`` of response positions ``b`` at which the trainer's values phase estimates
+            ``V`` (of the prompt and the first ``b`` tokens) from the policy's own continuations
+            (``config.mc_samples`` of them) and hands the means back in
+            ``batch.extras["mc_values"]``; it also puts each response token's text in
+            ``extras["token_texts"]``. Engines without a mid-step rollout (TRL, verl) refuse it.
         outcome_scaled: a row whose outcome advantage (``outcome_advantages(batch, config)``)
             is 0 gets advantage 0 on every token, whatever its signals (GEAR and its ablations,
             RLSD: ``Ahat = W * A``): the trainer then runs the teacher pass only on the rows
@@ -119,6 +125,7 @@ class Estimator:
     update_mask: UpdateMaskFn | None = None
     row_local: bool = False
     outcome_scaled: bool = False
+    mc_boundaries: Callable[[CreditBatch, Any], list[list[int]]] | None = None
     paper: str = ""
     description: str = ""
 
@@ -229,6 +236,7 @@ def register_estimator(
     update_mask: UpdateMaskFn | None = None,
     row_local: bool = False,
     outcome_scaled: bool = False,
+    mc_boundaries: Callable[[CreditBatch, Any], list[list[int]]] | None = None,
     paper: str = "",
     description: str = "",
 ) -> Callable[[F], F]:
@@ -265,8 +273,8 @@ def register_estimator(
             step_level=step_level or step_fn is not None, step_fn=step_fn,
             needs_states=needs_states, uses_reward=uses_reward,
             self_distillation=self_distillation, update_mask=update_mask,
-            row_local=row_local, outcome_scaled=outcome_scaled, paper=paper,
-            description=description)
+            row_local=row_local, outcome_scaled=outcome_scaled, mc_boundaries=mc_boundaries,
+            paper=paper, description=description)
         return fn
 
     return decorator

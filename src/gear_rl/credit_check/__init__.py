@@ -42,7 +42,7 @@ from gear_rl.credit_check.scores import (
     top_k_shares,
     truth_summary,
 )
-from gear_rl.credit_check.values import (
+from gear_rl.mc_values import (
     PrefixValues,
     RewardFn,
     choose_boundaries,

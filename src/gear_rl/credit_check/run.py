@@ -7,9 +7,9 @@ truth, score every applicable estimator and the variants asked for, write the re
    as in a training step. Saved once to ``trajectories.json``.
 2. **Truth.** For ``per_group`` trajectories of each mixed group: ``V`` at the chosen
    boundaries from ``continuations`` continuations per boundary and replicate
-   (:func:`gear_rl.credit_check.values.estimate_prefix_values`; for an agent task, whose
+   (:func:`gear_rl.mc_values.estimate_prefix_values`; for an agent task, whose
    boundaries sit before policy tokens only,
-   :func:`~gear_rl.credit_check.values.estimate_episode_values`: the episode loop resumed from
+   :func:`~gear_rl.mc_values.estimate_episode_values`: the episode loop resumed from
    each prefix, the rest of its turn, tool calls and later turns; for an environment task the
    same, the environment's state at the prefix rebuilt by replaying its turns from the level's
    seed, :func:`gear_rl.agent.env_loop.run_env_episodes`). Each trajectory's record is
@@ -59,9 +59,8 @@ from gear_rl.credit_check.scores import (
     span_sums,
     truth_summary,
 )
-from gear_rl.credit_check.values import (
+from gear_rl.mc_values import (
     PrefixValues,
-    RewardFn,
     choose_boundaries,
     estimate_episode_values,
     estimate_prefix_values,
@@ -84,7 +83,7 @@ from gear_rl.signals import TeacherPromptConfig
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
-from gear_rl.train.episodes import collect, decode_response, step_extras
+from gear_rl.train.episodes import collect, step_extras, task_reward_fn
 from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
 from gear_rl.train.scoring import (
     SignalPass,
@@ -105,7 +104,7 @@ def check_task(task: Task) -> None:
     """Refuse a task the credit check cannot score: one without a scorer (an environment task
     is scored by its game, which needs a level seed per problem). Agent (tool) and environment
     tasks are continued episode by episode
-    (:func:`~gear_rl.credit_check.values.estimate_episode_values`)."""
+    (:func:`~gear_rl.mc_values.estimate_episode_values`)."""
     if task.env is not None:
         unseeded = [p.id for p in (*task.train, *task.eval) if "env_seed" not in p.metadata]
         if unseeded:
@@ -118,16 +117,6 @@ def check_task(task: Task) -> None:
         raise ValueError(f"task {task.name!r} has no scorer (Task.scorer is "
                          f"{getattr(task, 'scorer', None)!r}): the truth is the expected score "
                          "of continuations, so the task must score a response")
-
-
-def task_reward_fn(task: Task, problem: Problem, tokenizer: Any) -> RewardFn:
-    """The trainer's reward of a single-turn response: the task's score of its decoded text
-    (end-of-turn token stripped), as :func:`gear_rl.train.episodes.collect` computes it."""
-
-    def reward(response_ids: Sequence[int], finished: bool) -> float:
-        return task.score(problem, decode_response(tokenizer, response_ids, finished))
-
-    return reward
 
 
 @dataclass
@@ -166,6 +155,9 @@ def _inapplicable(estimator: Estimator, config: Any = None, *, turns: bool = Fal
     missing = sorted(set(estimator.needs) - _PROVIDED)
     if missing:
         return f"it needs {missing}, which the signal pass does not provide"
+    if estimator.mc_boundaries is not None:
+        return ("its credit comes from its own Monte-Carlo values (gear-rl train's values "
+                "phase); the check does not yet draw an independent estimate for it")
     return None
 
 
@@ -458,7 +450,7 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
 
 def _episode_continuer(runtime: Any, config: TrainConfig, task: Task, problem: Problem,
                        prompt: list[int]) -> Any:
-    """The :data:`~gear_rl.credit_check.values.ContinueFn` of one agent or environment
+    """The :data:`~gear_rl.mc_values.ContinueFn` of one agent or environment
     trajectory: its episodes finished from prefixes by the trainer's episode loop, scored as
     in training (the task's scorer, or the game's solve)."""
     settings = rollout_settings(config, runtime)

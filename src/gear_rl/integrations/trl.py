@@ -102,6 +102,9 @@ def _unsupported(estimator: Estimator) -> str | None:
         return "its reward does not enter the loss"
     if estimator.self_distillation:
         return "it needs a self-distillation loss TRL's GRPO loss does not have"
+    if estimator.mc_boundaries is not None:
+        return ("it needs Monte-Carlo continuations of each response between scoring and the "
+                "update (gear-rl train's values phase), which TRL's step cannot run")
     return None
 
 

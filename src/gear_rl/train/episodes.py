@@ -17,7 +17,7 @@ and rewards that the step-level estimators (``gear_rl.credit.steps``) read.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,18 @@ def decode_response(tokenizer: Any, response_ids: Sequence[int], finished: bool)
     """Text of a response without its end-of-turn token (and without special tokens)."""
     ids = list(response_ids[:-1] if finished else response_ids)
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def task_reward_fn(task: Task, problem: Problem,
+                   tokenizer: Any) -> Callable[[Sequence[int], bool], float]:
+    """``reward(response_ids, finished)``: the task's score of a single-turn response's decoded
+    text (end-of-turn token stripped), as :func:`collect` scores a rollout; what a Monte-Carlo
+    continuation is scored by (the trainer's values phase, the credit check)."""
+
+    def reward(response_ids: Sequence[int], finished: bool) -> float:
+        return task.score(problem, decode_response(tokenizer, response_ids, finished))
+
+    return reward
 
 
 def step_extras(step_spans: list[list[tuple[int, int]]] | None,

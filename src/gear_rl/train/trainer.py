@@ -50,11 +50,12 @@ import numpy as np
 import torch
 
 from gear_rl.credit import get_estimator
+from gear_rl.mc_values import estimate_prefix_values
 from gear_rl.seeding import derive_seed
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
 from gear_rl.train.config import TrainConfig
-from gear_rl.train.episodes import collect, step_extras, task_turns
+from gear_rl.train.episodes import collect, step_extras, task_reward_fn, task_turns
 from gear_rl.train.memory import MemoryPolicy
 from gear_rl.train.records import batch_metrics, format_summary, sample_records, summarize
 from gear_rl.train.runtime import (
@@ -189,6 +190,11 @@ class Trainer:
         """Step-level estimators need turns (agent or environment tasks); those that group by
         state also need state keys (environment tasks)."""
         name = self.config.estimator
+        if self.estimator.mc_boundaries is not None and task_turns(self.task) is not None:
+            raise ValueError(f"estimator {name!r} continues single responses for its "
+                             "Monte-Carlo values; continuing agent episodes and environment "
+                             "levels (the credit check's replay) is not wired into the trainer: "
+                             "use a single-turn task")
         if not self.estimator.step_level:
             return
         if self.task.env is None and self.task.agent is None:
@@ -223,6 +229,8 @@ class Trainer:
             batch = self.rollout(step)
         with self._phase("signals", timings):
             scores = self.score(batch, self.engine.fusion(batch))
+        with self._phase("values", timings):
+            self.values(batch, scores, step)
         with self._phase("credit", timings):
             credit = self.credit_for_update(batch, scores, step)
         with self._phase("update", timings):
@@ -293,6 +301,46 @@ class Trainer:
         the update's forward stands in for it, and the student's fields are left to that
         forward."""
         return self.scorer(batch, fusion)
+
+    # ------------------------------------------------------------------ 2b. values
+    @torch.no_grad()
+    def values(self, batch: StepBatch, scores: Scores, step: int) -> None:
+        """Monte-Carlo values, where the estimator asks for them (``Estimator.mc_boundaries``:
+        SPO-chain, VinePPO): at each boundary ``b`` the estimator names, ``V`` of the prompt
+        and the first ``b`` response tokens is the mean reward of ``mc_samples`` continuations
+        of that prefix by the sampler, at the rollout's temperature, top-p and remaining budget
+        (:func:`gear_rl.mc_values.estimate_prefix_values`, the credit check's estimator).
+        Writes ``batch.extras["token_texts"]``, ``["mc_values"]`` (``B`` lists, one ``V`` per
+        boundary) and the phase's counts into ``batch.rollout_metrics``; nothing for other
+        estimators."""
+        boundaries_of = self.estimator.mc_boundaries
+        if boundaries_of is None:
+            return
+        rollout, runtime = self.config.rollout, self.runtime
+        texts = [[self.tokenizer.decode([t], skip_special_tokens=True) for t in row]
+                 for row in batch.response_ids]
+        batch.extras = {**(batch.extras or {}), "token_texts": texts}
+        boundaries = boundaries_of(scores.credit_batch(batch), self.credit_config)
+        values: list[list[float]] = []
+        tokens = 0
+        for row, bounds in enumerate(boundaries):
+            if not bounds:
+                values.append([])
+                continue
+            estimate = estimate_prefix_values(
+                runtime.sampler, batch.prompt_ids[row], batch.response_ids[row],
+                batch.finished[row], bounds, samples=self.credit_config.mc_samples,
+                reward_fn=task_reward_fn(self.task, batch.problems[row], self.tokenizer),
+                max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
+                pad_id=runtime.pad_id, temperature=rollout.temperature, top_p=rollout.top_p,
+                seeds=(derive_seed(self.config.seed, 3, step, row),),
+                batch_size=rollout.batch_size)
+            values.append(estimate.values().tolist())
+            tokens += estimate.tokens
+        batch.extras["mc_values"] = values
+        batch.rollout_metrics = {**(batch.rollout_metrics or {}), "mc/tokens": float(tokens),
+                                 "mc/boundaries_per_response": sum(map(len, boundaries))
+                                 / max(len(boundaries), 1)}
 
     # ------------------------------------------------------------------ 3. credit
     def credit(self, batch: StepBatch, scores: Scores, step: int | None = None) -> torch.Tensor:

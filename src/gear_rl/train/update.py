@@ -125,12 +125,18 @@ class UpdateEngine:
         compute, so PPO's old log-probs are the update forward's own, detached (ratio 1; TRL
         does the same). :attr:`Fusion.BEFORE` when the estimator reads no student signal,
         :attr:`Fusion.INLINE` when it does and either the batch packs into one micro-batch or
-        the estimator is ``row_local`` (GEAR, RLSD), None otherwise (the scoring pass runs)."""
+        the estimator is ``row_local`` (GEAR, RLSD), None otherwise (the scoring pass runs;
+        always for a Monte-Carlo estimator that reads the student's signals, since its values
+        phase needs them before the update: SPO-chain's cuts)."""
         loss = self.config.loss
         if not loss.fuse_scoring or loss.epochs != 1 or loss.minibatches != 1:
             return None
-        if not {"divergence", "entropy", "student_logprobs"} & set(self.estimator.needs):
+        reads_student = bool({"divergence", "entropy", "student_logprobs"}
+                             & set(self.estimator.needs))
+        if not reads_student:
             return Fusion.BEFORE
+        if self.estimator.mc_boundaries is not None:
+            return None  # the values phase reads the student's signals before the update
         if self.estimator.row_local or len(
                 self.micro_batches(batch, list(range(len(batch.response_ids))))) == 1:
             return Fusion.INLINE

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from gear_rl.credit import (
+    ESTIMATORS,
     CreditBatch,
     Estimator,
     credit_diagnostics,
@@ -57,7 +58,21 @@ def verl_estimator_names() -> list[str]:
     that add no distillation loss (step-level ones need per-turn inputs verl's agent loop does not
     pass; verl's actor has no self-distillation loss)."""
     return [n for n in estimator_names(step_level=False)
-            if get_estimator(n).uses_reward and not get_estimator(n).self_distillation]
+            if verl_unsupported(get_estimator(n)) is None]
+
+
+def verl_unsupported(estimator: Estimator) -> str | None:
+    """Why verl cannot run ``estimator``, or None when it can."""
+    if estimator.step_level:
+        return "step-level: verl's agent loop passes no turn spans"
+    if not estimator.uses_reward:
+        return "its reward does not enter the loss"
+    if estimator.self_distillation:
+        return "it needs a self-distillation loss verl's actor does not have"
+    if estimator.mc_boundaries is not None:
+        return ("it needs Monte-Carlo continuations of each response between scoring and the "
+                "update (gear-rl train's values phase), which verl's step cannot run")
+    return None
 
 
 def _verl_own_names() -> frozenset[str]:
@@ -254,6 +269,11 @@ def settings_from_algorithm(algorithm: Any, adv_estimator: str | None = None) ->
         adv_estimator = _get(algorithm, "adv_estimator")
     adv_estimator = getattr(adv_estimator, "value", adv_estimator)  # verl's AdvantageEstimator
     name = gear_rl_name(str(adv_estimator))
+    registered = str(adv_estimator).removeprefix(RENAME_PREFIX)
+    if name is None and registered in ESTIMATORS:
+        why = verl_unsupported(get_estimator(registered))
+        raise ValueError(f"algorithm.adv_estimator={adv_estimator!r}: verl cannot run this "
+                         f"gear-rl estimator: {why}")
     if name is None:
         raise ValueError(
             f"algorithm.adv_estimator={adv_estimator!r} is not a gear-rl estimator; choose one of "

@@ -1,4 +1,8 @@
-"""Monte-Carlo values of response prefixes: the ground truth of per-token credit.
+"""Monte-Carlo values of response prefixes: the ground truth of per-token credit, and the
+values the Monte-Carlo estimators (SPO-chain, VinePPO: ``gear_rl.credit.mc``) train on.
+
+The credit check (:mod:`gear_rl.credit_check`) and the trainer's values phase
+(:meth:`gear_rl.train.trainer.Trainer.values`) both estimate them here.
 
 For a response ``y`` sampled for a prompt ``x``, the value of the prefix ``y_<b`` (the first
 ``b`` response tokens) under the current policy is the expected outcome reward of letting the
