@@ -109,7 +109,8 @@ class VinePPOConfig:
             configs; GSM8K's cap is 25, ``VINE:configs/polIter_rho1bSft2_vineppo_GSM8K.
             jsonnet:15``, applied at ``VINE:...with_mc_advantages.py:694-696``).
         answer_prefix: the text that opens the final answer, merged into the last step
-            (GSM8K's ``"\n#### "``, ``VINE:src/treetune/tasks/gsm8k.py:33``; None: none).
+            (GSM8K's: a newline, then ``#### ``, ``VINE:src/treetune/tasks/gsm8k.py:33``;
+            None: none).
         whiten: normalise the advantages to mean 0 and unbiased std 1 over the batch's policy
             tokens (on: ``VINE:src/treetune/trainers/ppo_trainer.py``, ``whiten_advantages``).
     """
@@ -143,7 +144,7 @@ def vineppo_boundaries(token_texts: Sequence[str], answer_prefix: str | None = "
     """VinePPO's step starts of one response, as token positions (``0`` first).
 
     The split is GSM8K's (``VINE:src/treetune/tasks/gsm8k.py:65-142``): the text before
-    ``answer_prefix`` is split at every ``"\n"``, each newline starting the next step; leading
+    ``answer_prefix`` is split at every newline, each newline starting the next step; leading
     pieces that are empty or blank merge into the first non-empty one; where the answer prefix
     is present, the last non-empty step, what follows it and the answer form the last step (a
     second prefix stays inside the answer; the authors drop such a trajectory). A token belongs
