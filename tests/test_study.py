@@ -227,7 +227,8 @@ def test_project_study_files_are_valid() -> None:
 
     folder = Path(__file__).resolve().parents[1] / "studies"
     names = sorted(p.name for p in folder.glob("*.yaml"))
-    assert names == ["default.yaml", "grpo_weak.yaml", "sokoban.yaml", "tool_math.yaml"]
+    assert names == ["credit_control.yaml", "default.yaml", "grpo_weak.yaml", "sokoban.yaml",
+                     "tool_math.yaml"]
     for path in folder.glob("*.yaml"):
         spec = load_spec(path)
         assert spec.baseline == "grpo"

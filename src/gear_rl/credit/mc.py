@@ -208,12 +208,18 @@ def whiten(advantages: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
     return torch.where(select.bool(), out, torch.zeros_like(out)).to(advantages.dtype)
 
 
+def _extra(batch: CreditBatch, key: str, why: str) -> list:
+    """``batch.extras[key]``, one entry per row, or a ``ValueError`` saying ``why`` it is
+    needed."""
+    value = batch.extras.get(key)
+    if value is None or len(value) != batch.mask.shape[0]:
+        raise ValueError(f"{why} (extras[{key!r}], one entry per row)")
+    return value
+
+
 def _mc_values(batch: CreditBatch) -> list[list[float]]:
-    values = batch.extras.get("mc_values")
-    if values is None or len(values) != batch.mask.shape[0]:
-        raise ValueError("Monte-Carlo estimators need extras['mc_values'] (B lists of values, one "
-                         "per boundary): gear-rl train's values phase computes them")
-    return values
+    return _extra(batch, "mc_values", "Monte-Carlo estimators need their values, one per "
+                  "boundary: gear-rl train's values phase computes them")
 
 
 def _lengths(mask: torch.Tensor) -> list[int]:
@@ -229,11 +235,8 @@ def _spo_boundaries(batch: CreditBatch, config: SPOChainConfig) -> list[list[int
 
 
 def _token_texts(batch: CreditBatch) -> list[list[str]]:
-    texts = batch.extras.get("token_texts")
-    if texts is None or len(texts) != batch.mask.shape[0]:
-        raise ValueError("vineppo needs extras['token_texts'] (each response token's text) to "
-                         "split the steps at newlines")
-    return texts
+    return _extra(batch, "token_texts", "vineppo needs each response token's text to split "
+                  "the steps at newlines")
 
 
 def _vine_boundaries(batch: CreditBatch, config: VinePPOConfig) -> list[list[int]]:
