@@ -134,6 +134,20 @@ class Estimator:
         """Whether a run of it needs the teacher pass (teacher signals or self-distillation)."""
         return bool(TEACHER_FIELDS & set(self.needs)) or self.self_distillation
 
+    def engine_limit(self, engine: str) -> str | None:
+        """Why ``engine`` (TRL, verl: engines that run only a step's credit and their own GRPO
+        loss) cannot run this estimator, or None when it can."""
+        if self.step_level:
+            return f"step-level: {engine} passes no turn spans"
+        if not self.uses_reward:
+            return "its reward does not enter the loss"
+        if self.self_distillation:
+            return f"it needs a self-distillation loss {engine}'s loss does not have"
+        if self.mc_boundaries is not None:
+            return ("it needs Monte-Carlo continuations of each response between scoring and "
+                    f"the update (gear-rl train's values phase), which {engine}'s step cannot run")
+        return None
+
     def requires_states(self, config: Any | None = None) -> bool:
         """Whether ``batch.extras["state_keys"]`` is needed with ``config``."""
         if callable(self.needs_states):

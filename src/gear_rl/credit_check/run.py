@@ -88,9 +88,9 @@ from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
 from gear_rl.train.scoring import (
     SignalPass,
     check_prompts_fit,
-    prompt_pair,
     score_in_chunks,
     teacher_config,
+    teacher_prompt,
 )
 
 __all__ = ["CreditCheckResult", "EstimatorRow",
@@ -346,7 +346,7 @@ def _signals(runtime: Any, temperature: float, settings: SignalConfig,
     def compute(chunk: list[int]) -> dict[str, torch.Tensor]:
         with runtime.autocast_context():
             fields = signals([rows[i]["prompt_ids"] for i in chunk],
-                             [prompt_pair(runtime.tokenizer, problems[i], teacher)[1]
+                             [teacher_prompt(runtime.tokenizer, problems[i], teacher)
                               for i in chunk],
                              [rows[i]["response_ids"] for i in chunk],
                              [rows[i].get("policy_mask") or [1] * len(rows[i]["response_ids"])

@@ -96,16 +96,7 @@ _ConfigT = TypeVar("_ConfigT")
 
 def _unsupported(estimator: Estimator) -> str | None:
     """Why TRL cannot run ``estimator``, or ``None`` when it can."""
-    if estimator.step_level:
-        return "step-level: TRL passes no turn spans"
-    if not estimator.uses_reward:
-        return "its reward does not enter the loss"
-    if estimator.self_distillation:
-        return "it needs a self-distillation loss TRL's GRPO loss does not have"
-    if estimator.mc_boundaries is not None:
-        return ("it needs Monte-Carlo continuations of each response between scoring and the "
-                "update (gear-rl train's values phase), which TRL's step cannot run")
-    return None
+    return estimator.engine_limit("TRL")
 
 
 def trl_estimator_names() -> list[str]:

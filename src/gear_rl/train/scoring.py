@@ -37,7 +37,8 @@ from gear_rl.signals.teacher import Placement, ReferenceKind
 from gear_rl.tasks import Problem, check_prompt_lengths
 
 __all__ = ["Fusion", "Scorer", "Scores", "SignalPass", "StepBatch", "check_prompts_fit",
-           "pad_columns", "prompt_pair", "score_in_chunks", "teacher_config"]
+           "pad_columns", "prompt_pair", "score_in_chunks", "teacher_config",
+           "teacher_prompt"]
 
 
 class Fusion(str, enum.Enum):
@@ -175,16 +176,18 @@ def teacher_config(placement: str, answer_template: str | None) -> TeacherPrompt
     return TeacherPromptConfig(placement=cast(Placement, placement), **template)
 
 
+def teacher_prompt(tokenizer: Any, problem: Problem, config: TeacherPromptConfig) -> list[int]:
+    """The teacher prompt ids of ``problem`` (its prompt with the reference hint)."""
+    # teacher_prompt_ids checks reference_kind (one of REFERENCE_KINDS)
+    return teacher_prompt_ids(tokenizer, problem.prompt, problem.reference,
+                              kind=cast(ReferenceKind, problem.reference_kind), config=config)
+
+
 def prompt_pair(tokenizer: Any, problem: Problem,
                 config: TeacherPromptConfig) -> tuple[list[int], list[int]]:
     """The student and teacher prompt ids of ``problem``, built from the problem itself (a
     cache keyed by problem id could pair a row with another row's prompt when ids repeat)."""
-    student = build_prompt_ids(tokenizer, problem.prompt)
-    # teacher_prompt_ids checks reference_kind (one of REFERENCE_KINDS)
-    teacher = teacher_prompt_ids(tokenizer, problem.prompt, problem.reference,
-                                 kind=cast(ReferenceKind, problem.reference_kind),
-                                 config=config)
-    return student, teacher
+    return build_prompt_ids(tokenizer, problem.prompt), teacher_prompt(tokenizer, problem, config)
 
 
 def check_prompts_fit(tokenizer: Any, model: torch.nn.Module, problems: Iterable[Problem],

@@ -63,16 +63,7 @@ def verl_estimator_names() -> list[str]:
 
 def verl_unsupported(estimator: Estimator) -> str | None:
     """Why verl cannot run ``estimator``, or None when it can."""
-    if estimator.step_level:
-        return "step-level: verl's agent loop passes no turn spans"
-    if not estimator.uses_reward:
-        return "its reward does not enter the loss"
-    if estimator.self_distillation:
-        return "it needs a self-distillation loss verl's actor does not have"
-    if estimator.mc_boundaries is not None:
-        return ("it needs Monte-Carlo continuations of each response between scoring and the "
-                "update (gear-rl train's values phase), which verl's step cannot run")
-    return None
+    return estimator.engine_limit("verl")
 
 
 def _verl_own_names() -> frozenset[str]:
