@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def shared(seed: int, share: bool = True) -> int:
         conts, _, _ = sample_from_prefixes(
-            model, prefix, cuts, args.samples, budgets=budgets, stop_ids=stops, pad_id=pad,
+            model, [prefix], [(0, c) for c in cuts], args.samples, budgets=budgets,
+            stop_ids=stops, pad_id=pad,
             generator=torch.Generator(device=device).manual_seed(seed),
             batch_size=args.batch_size, shared=share, **settings)
         return sum(_kept(rows, stop_set, budget) for rows, budget in zip(conts, budgets,

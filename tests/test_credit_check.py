@@ -33,6 +33,7 @@ from gear_rl.credit_check import (
     top_k_shares,
 )
 from gear_rl.envs.base import StepResult, TextEnv
+from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.models import build_tiny_tokenizer, tiny_random_model
 from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.tasks import AgentSpec, Problem, Task
@@ -126,6 +127,50 @@ def test_monte_carlo_value_matches_exact_enumeration(shared: bool) -> None:
     for b in bounds[:-1]:
         assert 0 < se[b] < 0.02
         assert abs(mc[b] - exact[b]) < 4 * se[b], (b, mc[b], exact[b], se[b])
+
+
+def test_values_of_several_trajectories_decoded_together_match_exact_enumeration() -> None:
+    """``estimate_values`` on three trajectories (two of one prompt, one of another, of other
+    lengths) in one decoding batch, so that it holds continuations of different trajectories'
+    prefixes, each read from its own sequence's cache and left-padded to the longest: every V
+    agrees with exact enumeration (the model's weights are large enough that the context moves
+    the values: a prefix read from the wrong sequence fails), and with ``dedupe`` the two
+    trajectories' shared prefixes get one estimate."""
+    horizon, stop = 5, 5
+    model = tiny_random_model("llama", vocab_size=6, hidden_size=16, num_heads=2,
+                              num_kv_heads=2, intermediate_size=64, initializer_range=0.3,
+                              seed=3)
+    settings = {"temperature": 0.8, "top_p": 0.9}
+
+    def reward(ids, finished: bool) -> float:
+        ids = list(ids)
+        return 0.5 * (1 in ids) + 0.3 * finished + 0.2 * (ids.count(3) >= 2)
+
+    prompts = [[0, 2, 4], [0, 2, 4], [1, 3]]
+    responses = [[3, 1, 2, 5], [3, 1, 4], [2, 2]]
+    finished = [True, False, False]
+    items = [Trajectory(p, r, f, list(range(len(r) + 1)), reward)
+             for p, r, f in zip(prompts, responses, finished, strict=True)]
+    both = {dedupe: estimate_values(model, items, samples=3000, max_new_tokens=horizon,
+                                    stop_ids=[stop], pad_id=0, seeds=[5], batch_size=None,
+                                    dedupe=dedupe, **settings)
+            for dedupe in (True, False)}
+    for dedupe, estimates in both.items():
+        for item, values in zip(items, estimates, strict=True):
+            mc, se = values.values(0), values.stderr(0)
+            for b in item.boundaries[:-1]:
+                head = list(item.response_ids[:b])
+                exact = exact_value(model, list(item.prompt_ids) + head,
+                                    reward_fn=lambda c, d, h=head: reward(h + c, d),
+                                    max_new_tokens=horizon - b, stop_ids=[stop], **settings)
+                assert 0 < se[b] < 0.02
+                assert abs(mc[b] - exact) < 4 * se[b], (dedupe, b, mc[b], exact, se[b])
+        # trajectories 0 and 1 agree on the prompt and the first two response tokens
+        shared = [estimates[0].rewards[0][b] == estimates[1].rewards[0][b] for b in range(3)]
+        assert shared == [dedupe] * 3
+        assert estimates[0].rewards[0][3] != estimates[1].rewards[0][3]
+    assert (sum(v.tokens for v in both[True])
+            < sum(v.tokens for v in both[False]))
 
 
 def test_exact_value_of_a_uniform_model_by_hand() -> None:

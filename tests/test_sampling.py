@@ -15,6 +15,7 @@ from gear_rl.sampling import (
     RowStop,
     SamplingParams,
     TurnCache,
+    continue_sequences,
     sample_continuations,
     sample_next_token,
     sample_responses,
@@ -337,6 +338,32 @@ def test_paired_continuations_do_not_depend_on_the_other_cuts(tiny) -> None:
     assert beside[0].response_ids == alone[0].response_ids
     assert beside[0].finished == alone[0].finished
     assert len({tuple(r) for r in alone[0].response_ids}) > 1
+
+
+def test_continuations_of_several_sequences_equal_each_sequence_alone(tiny_arch) -> None:
+    """Cuts of two sequences decoding in shared batches (chunks of 5 rows spanning both, each
+    row's cache read from its own sequence) give every cut the greedy continuation its
+    sequence alone gives, each capped at its own budget."""
+    model, tokenizer = tiny_arch
+    first = _sequence(tokenizer)
+    second = tokenizer("a dog sat on the mat", add_special_tokens=False)["input_ids"]
+    stops = stop_token_ids(tokenizer, model)
+    greedy = SamplingParams(max_new_tokens=12, stop_ids=stops, pad_id=tokenizer.pad_token_id,
+                            greedy=True)
+    cuts = [(1, 3), (0, 7), (1, len(second)), (0, 2), (1, 3)]
+    budgets = [12, 5, 12, 2, 4]
+    together = continue_sequences(model, [first, second], cuts, 2,
+                                  replace(greedy, batch_size=5), budgets=budgets)
+    for (s, c), budget, drawn in zip(cuts, budgets, together, strict=True):
+        (alone,) = sample_continuations(model, [first, second][s], [c], 1, greedy)
+        expected = alone.response_ids[0][:budget]
+        assert drawn.prompt_ids == [[first, second][s][:c]] * 2
+        assert drawn.response_ids == [expected] * 2
+        assert drawn.finished == [expected[-1] in stops] * 2
+    with pytest.raises(ValueError, match="name sequences"):
+        continue_sequences(model, [first], [(1, 2)], 1, greedy)
+    with pytest.raises(ValueError, match="budgets"):
+        continue_sequences(model, [first], [(0, 2)], 1, greedy, budgets=[13])
 
 
 def test_the_sampler_imports_nothing_of_the_trainer() -> None:

@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_trainer
 from gear_rl.credit import get_estimator
-from gear_rl.mc_values import estimate_prefix_values
+from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.seeding import derive_seed
 from gear_rl.train.episodes import task_reward_fn
 
@@ -29,21 +29,23 @@ def test_values_phase_feeds_the_estimator(tmp_path, estimator: str, fusion) -> N
         assert extras is not None
         bounds = trainer.estimator.mc_boundaries(scores.credit_batch(batch), trainer.credit_config)
         assert any(bounds) and len(extras["mc_values"]) == len(batch.response_ids)
+        # the credit check's estimator with the trainer's settings and seed: the same values
+        rows = [row for row, b in enumerate(bounds) if b]
+        again = estimate_values(
+            trainer.sampler,
+            [Trajectory(batch.prompt_ids[row], batch.response_ids[row], batch.finished[row],
+                        bounds[row],
+                        task_reward_fn(trainer.task, batch.problems[row], trainer.tokenizer))
+             for row in rows],
+            samples=3, max_new_tokens=12, stop_ids=trainer.stop_ids, pad_id=trainer.pad_id,
+            temperature=trainer.config.rollout.temperature, top_p=trainer.config.rollout.top_p,
+            seeds=(derive_seed(0, 3, 1),), batch_size=trainer.config.rollout.mc_batch_size,
+            dedupe=True)
         for row, (b, values) in enumerate(zip(bounds, extras["mc_values"], strict=True)):
             assert len(values) == len(b)
-            if not b:
-                continue
-            # the credit check's estimator with the trainer's settings and seed: the same values
-            again = estimate_prefix_values(
-                trainer.sampler, batch.prompt_ids[row], batch.response_ids[row],
-                batch.finished[row], b, samples=3,
-                reward_fn=task_reward_fn(trainer.task, batch.problems[row], trainer.tokenizer),
-                max_new_tokens=12, stop_ids=trainer.stop_ids, pad_id=trainer.pad_id,
-                temperature=trainer.config.rollout.temperature,
-                top_p=trainer.config.rollout.top_p, seeds=(derive_seed(0, 3, 1, row),),
-                batch_size=trainer.config.rollout.batch_size)
-            assert values == again.values().tolist()
-            assert all(0.0 <= v <= 1.0 for v in values)  # mean rewards of a 0/1 task
+            if b:
+                assert values == again[rows.index(row)].values().tolist()
+                assert all(0.0 <= v <= 1.0 for v in values)  # mean rewards of a 0/1 task
         assert batch.rollout_metrics is not None and batch.rollout_metrics["mc/tokens"] > 0
         got = trainer.credit(batch, scores, 1)
         want = get_estimator(estimator)(scores.credit_batch(batch), trainer.credit_config)

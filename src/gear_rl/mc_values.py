@@ -15,16 +15,14 @@ scorer on the whole response. At the last boundary (``b = L``: the response ende
 token, or its budget is spent) there is nothing to sample, and ``V_L`` is the trajectory's own
 reward, exactly.
 
-Continuations of one trajectory share its prefix's KV cache through
-:func:`gear_rl.sampling.sample_continuations` (one forward over the prompt and response,
-then every cut's continuations decoded from the cached prefix). With ``shared=False`` every
-cut's prefix is sampled from afresh with ``sample_responses`` instead (the same distribution;
-the benchmark's baseline). Cuts are sampled in calls of one decoding batch whose budgets are
-close (``budget_band``); a call samples up to its largest budget and each continuation is cut
-to its own cut's budget, which leaves its distribution unchanged: sampling is
-autoregressive, so the first ``n`` tokens of a longer continuation are distributed as a
-continuation capped at ``n`` (a continuation longer than its budget counts as unfinished, as
-the trainer's sampler would have left it).
+Continuations of one trajectory share its prefix's KV cache, and continuations of several
+trajectories decode together (:func:`estimate_values`, through
+:func:`gear_rl.sampling.continue_sequences`: one forward over each prompt and response, then
+every cut's continuations decoded from the cached prefixes, in batches of rows ordered by prefix
+length). With ``shared=False`` every cut's prefix is sampled from afresh with
+``sample_responses`` instead (the same distribution; the benchmark's baseline). Each
+continuation stops at its own budget, ``max_new_tokens - b``, unfinished, as the trainer's
+sampler would have left it.
 
 :func:`exact_value` computes ``V`` by enumerating every continuation (tiny vocabularies and
 horizons only): the check the Monte-Carlo estimate is tested against.
@@ -34,22 +32,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from gear_rl.agent.loop import EpisodePrefix
-from gear_rl.sampling import SamplingParams, sample_continuations, sample_responses
+from gear_rl.sampling import SamplingParams, continue_sequences, sample_responses
 
 __all__ = [
     "ContinueFn",
     "PrefixValues",
     "RewardFn",
+    "Trajectory",
     "choose_boundaries",
     "estimate_episode_values",
     "estimate_prefix_values",
+    "estimate_values",
     "exact_value",
     "nucleus_probs",
     "sample_from_prefixes",
@@ -176,41 +176,10 @@ def choose_boundaries(length: int, *, every: int = 1, segment_onsets: Sequence[i
     return sorted(chosen | {0, length})
 
 
-def _truncate(responses: list[list[int]], finished: list[bool], budget: int
-              ) -> tuple[list[list[int]], list[bool]]:
-    out, flags = [], []
-    for response, done in zip(responses, finished, strict=True):
-        if len(response) > budget:
-            out.append(response[:budget])
-            flags.append(False)
-        else:
-            out.append(response)
-            flags.append(done)
-    return out, flags
-
-
-def _budget_chunks(budgets: Sequence[int], samples: int, batch_size: int | None,
-                   band: int | None) -> list[list[int]]:
-    """Consecutive runs of cut indices sampled in one call: at most ``batch_size`` rows (one
-    decoding batch; at least one cut), budgets at most ``band`` apart (None: no limit), so that
-    few tokens are sampled past a cut's own budget."""
-    chunks: list[list[int]] = []
-    for index in range(len(budgets)):
-        if chunks:
-            grown = [*chunks[-1], index]
-            rows_fit = batch_size is None or len(grown) * samples <= batch_size
-            spread = max(budgets[i] for i in grown) - min(budgets[i] for i in grown)
-            if rows_fit and (band is None or spread <= band):
-                chunks[-1] = grown
-                continue
-        chunks.append([index])
-    return chunks
-
-
 def sample_from_prefixes(
     sampler: torch.nn.Module,
-    prefix_ids: Sequence[int],
-    cuts: Sequence[int],
+    sequences: Sequence[Sequence[int]],
+    cuts: Sequence[tuple[int, int]],
     samples: int,
     *,
     budgets: Sequence[int],
@@ -221,25 +190,25 @@ def sample_from_prefixes(
     generator: torch.Generator | None,
     batch_size: int | None = None,
     shared: bool = True,
-    budget_band: int | None = 8,
 ) -> tuple[list[list[list[int]]], list[list[bool]], int]:
-    """``samples`` continuations of ``prefix_ids[:c]`` for every cut ``c``, each at most its
-    cut's budget long.
+    """``samples`` continuations of ``sequences[s][:c]`` for every cut ``(s, c)``, each at most
+    its cut's budget long.
 
     Args:
         sampler: the policy's sampler (a Hugging Face causal LM).
-        prefix_ids: prompt and response token ids.
-        cuts: positions into ``prefix_ids`` (each >= 1) to continue from.
+        sequences: token sequences (prompt and response of each trajectory).
+        cuts: ``(sequence index, position)`` pairs, the position (>= 1) into that sequence to
+            continue from; rows decode in this order (order them by position to keep each
+            decoding batch's padding small).
         samples: continuations per cut.
-        budgets: per cut, the most tokens a continuation may have (>= 1).
+        budgets: per cut, the most tokens a continuation may have (>= 1); a row leaves the
+            decoding batch at its budget (unfinished, as the trainer's sampler leaves it).
         stop_ids, pad_id, temperature, top_p, generator, batch_size: the sampler's settings
-            (:class:`gear_rl.sampling.SamplingParams`).
-        shared: True: one shared prefix KV cache (``sample_continuations``); False: every
-            prefix sampled from afresh (``sample_responses`` on copies of each prefix).
-        budget_band: cuts are sampled in calls of at most ``batch_size`` rows whose budgets
-            differ by at most this much (None: no limit); a call samples up to its largest
-            budget, and each continuation is then cut to its own (each call recomputes the
-            prefix's KV cache: one forward, cheap beside the decoding it saves).
+            (:class:`gear_rl.sampling.SamplingParams`; ``batch_size`` counts continuation rows,
+            of every sequence together).
+        shared: True: each sequence's KV cache computed once and shared by its cuts
+            (:func:`gear_rl.sampling.continue_sequences`); False: every prefix sampled from
+            afresh (``sample_responses`` on copies of each prefix).
 
     Returns:
         ``(continuations, finished, sampled)``: per cut, ``samples`` continuation id lists and
@@ -251,36 +220,140 @@ def sample_from_prefixes(
         return [], [], 0
     if min(budgets) < 1:
         raise ValueError(f"every budget must be >= 1, got {min(budgets)}")
-    prefix = [int(t) for t in prefix_ids]
-    if min(cuts) < 1 or max(cuts) > len(prefix):
-        raise ValueError(f"cuts must lie in [1, {len(prefix)}], got {min(cuts)}..{max(cuts)}")
     sampling = SamplingParams(max_new_tokens=max(budgets), stop_ids=stop_ids, pad_id=pad_id,
                               temperature=temperature, top_p=top_p, batch_size=batch_size)
-    per_cut: list[tuple[list[list[int]], list[bool]]] = []
-    for chunk in _budget_chunks(budgets, samples, batch_size, budget_band):
-        part = [int(cuts[i]) for i in chunk]
-        call = replace(sampling, max_new_tokens=max(budgets[i] for i in chunk))
-        if shared:
-            drawn = sample_continuations(sampler, prefix, part, samples, call,
-                                         generator=generator)
-            per_cut += [(list(r.response_ids), list(r.finished)) for r in drawn]
-        else:
-            prompts = [prefix[:c] for c in part for _ in range(samples)]
-            result = sample_responses(sampler, prompts, call, generator=generator)
-            per_cut += [(result.response_ids[i * samples:(i + 1) * samples],
-                         result.finished[i * samples:(i + 1) * samples])
-                        for i in range(len(part))]
+    if shared:
+        drawn = continue_sequences(sampler, sequences, cuts, samples, sampling,
+                                   generator=generator, budgets=budgets)
+        per_cut = [(list(r.response_ids), list(r.finished)) for r in drawn]
+    else:
+        for s, c in cuts:
+            if not 0 <= s < len(sequences) or not 1 <= c <= len(sequences[s]):
+                raise ValueError(f"cut {(s, c)} lies outside the sequences")
+        prompts = [[int(t) for t in sequences[s][:c]] for s, c in cuts for _ in range(samples)]
+        result = sample_responses(sampler, prompts, sampling, generator=generator,
+                                  budgets=[int(b) for b in budgets for _ in range(samples)])
+        per_cut = [(result.response_ids[i * samples:(i + 1) * samples],
+                    result.finished[i * samples:(i + 1) * samples]) for i in range(len(cuts))]
     if len(per_cut) != len(cuts) or any(len(r) != samples for r, _ in per_cut):
         raise RuntimeError(f"the sampler returned {len(per_cut)} cuts of "
                            f"{[len(r) for r, _ in per_cut]} continuations, expected "
                            f"{len(cuts)} of {samples}")
     sampled = sum(len(r) for responses, _ in per_cut for r in responses)
-    continuations, flags = [], []
-    for (responses, finished), budget in zip(per_cut, budgets, strict=True):
-        kept, done = _truncate(responses, finished, budget)
-        continuations.append(kept)
-        flags.append(done)
-    return continuations, flags, sampled
+    return [r for r, _ in per_cut], [f for _, f in per_cut], sampled
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One sampled response whose prefix values are wanted.
+
+    Attributes:
+        prompt_ids: the prompt the response was sampled for.
+        response_ids: the response ``y`` (``L`` tokens, its stop token included when finished).
+        finished: the response ended with a stop token.
+        boundaries: sorted, distinct response positions in ``[0, L]``.
+        reward_fn: the outcome reward of a whole response (:data:`RewardFn`).
+    """
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    finished: bool
+    boundaries: Sequence[int]
+    reward_fn: RewardFn
+
+
+def estimate_values(
+    sampler: torch.nn.Module,
+    trajectories: Sequence[Trajectory],
+    *,
+    samples: int,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seeds: Sequence[int] = (0,),
+    batch_size: int | None = None,
+    shared: bool = True,
+    dedupe: bool = True,
+) -> list[PrefixValues]:
+    """Monte-Carlo ``V`` at every trajectory's boundaries, the continuations of all of them
+    sampled together: per replicate, every open boundary of every trajectory is one cut of
+    :func:`sample_from_prefixes`, ordered by prefix length, so that a decoding batch of
+    ``batch_size`` rows holds continuations of several trajectories.
+
+    Args:
+        sampler: the policy's sampler (a Hugging Face causal LM, used as it is).
+        trajectories: the responses and their boundaries (:class:`Trajectory`).
+        samples: ``m``, continuations per boundary and replicate.
+        max_new_tokens: the response budget of the rollout; a continuation from boundary ``b``
+            may have ``max_new_tokens - b`` tokens.
+        stop_ids, pad_id, temperature, top_p: the rollout's sampler settings.
+        seeds: one seed per replicate (each replicate is an independent estimate, drawn from
+            its own generator over all trajectories).
+        batch_size: continuation rows per decoding batch (None: all at once).
+        shared: see :func:`sample_from_prefixes`.
+        dedupe: trajectories whose prompt and response agree up to a boundary (the responses of
+            one prompt all do at ``b = 0``) share one estimate of that prefix's ``V``, sampled
+            once, as SPO's and VinePPO's authors do (``AIFrameResearch/SPO``: ``src/treetune/
+            episode_generators/math_episode_generator_with_mc_advantages.py:1004-1016``,
+            ``McGill-NLP/VinePPO``: the same file, ``:721-732``); False: every trajectory's
+            boundaries are estimated on their own.
+
+    Returns:
+        One :class:`PrefixValues` per trajectory; ``tokens`` counts the tokens of the
+        continuations sampled for it (a shared prefix's, for the first trajectory that has it).
+    """
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if not seeds:
+        raise ValueError("seeds: give one seed per replicate (at least one)")
+    sequences, opens, terminals, own = [], [], [], []
+    for index, item in enumerate(trajectories):
+        response = [int(t) for t in item.response_ids]
+        length = len(response)
+        bounds = [int(b) for b in item.boundaries]
+        if bounds != sorted(set(bounds)) or not bounds or bounds[0] < 0 or bounds[-1] > length:
+            raise ValueError(f"trajectory {index}: boundaries must be sorted, distinct and "
+                             f"within [0, {length}], got {bounds}")
+        if length > max_new_tokens:
+            raise ValueError(f"trajectory {index}: the response has {length} tokens, more than "
+                             f"max_new_tokens ({max_new_tokens})")
+        terminal = [b == length or b >= max_new_tokens for b in bounds]
+        terminals.append(terminal)
+        opens.append([b for b, end in zip(bounds, terminal, strict=True) if not end])
+        own.append(float(item.reward_fn(response, bool(item.finished))))
+        sequences.append([*map(int, item.prompt_ids), *response])
+    prompt_len = [len(item.prompt_ids) for item in trajectories]
+    shared_by: dict[tuple[int, int], tuple[int, int]] = {}  # (i, b) -> the job sampling it
+    first: dict[tuple[int, ...], tuple[int, int]] = {}  # prompt and prefix -> its first (i, b)
+    for i, bounds in enumerate(opens):
+        for b in bounds:
+            key = (prompt_len[i], *sequences[i][:prompt_len[i] + b])
+            shared_by[(i, b)] = first.setdefault(key, (i, b)) if dedupe else (i, b)
+    jobs = sorted(set(shared_by.values()), key=lambda job: (prompt_len[job[0]] + job[1], job))
+    device = next(sampler.parameters()).device
+    rewards: list[list[list[list[float]]]] = [[] for _ in trajectories]
+    tokens = [0] * len(trajectories)
+    for seed in seeds:
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+        continuations, flags, _ = sample_from_prefixes(
+            sampler, sequences, [(i, prompt_len[i] + b) for i, b in jobs], samples,
+            budgets=[max_new_tokens - b for _, b in jobs], stop_ids=stop_ids, pad_id=pad_id,
+            temperature=temperature, top_p=top_p, generator=generator, batch_size=batch_size,
+            shared=shared)
+        by_bound: dict[tuple[int, int], list[float]] = {}
+        for (i, b), conts, done in zip(jobs, continuations, flags, strict=True):
+            head = sequences[i][prompt_len[i]:prompt_len[i] + b]
+            by_bound[(i, b)] = [float(trajectories[i].reward_fn(head + cont, fin))
+                                for cont, fin in zip(conts, done, strict=True)]
+            tokens[i] += sum(map(len, conts))
+        for i, item in enumerate(trajectories):
+            rewards[i].append([[own[i]] if end else by_bound[shared_by[(i, int(b))]]
+                               for b, end in zip(item.boundaries, terminals[i], strict=True)])
+    return [PrefixValues(boundaries=[int(b) for b in item.boundaries], rewards=rewards[i],
+                         terminal=terminals[i], tokens=tokens[i])
+            for i, item in enumerate(trajectories)]
 
 
 def estimate_prefix_values(
@@ -301,60 +374,13 @@ def estimate_prefix_values(
     batch_size: int | None = None,
     shared: bool = True,
 ) -> PrefixValues:
-    """Monte-Carlo ``V`` at ``boundaries`` of one trajectory.
-
-    Args:
-        sampler: the policy's sampler (a Hugging Face causal LM, used as it is).
-        prompt_ids: the prompt the response was sampled for.
-        response_ids: the response ``y`` (``L`` tokens, its stop token included when finished).
-        finished: the response ended with a stop token.
-        boundaries: sorted response positions in ``[0, L]``.
-        samples: ``m``, continuations per boundary and replicate.
-        reward_fn: the outcome reward of a whole response (:data:`RewardFn`).
-        max_new_tokens: the response budget of the rollout; a continuation from boundary ``b``
-            may have ``max_new_tokens - b`` tokens.
-        stop_ids, pad_id, temperature, top_p, batch_size: the rollout's sampler settings.
-        seeds: one seed per replicate (each replicate is an independent estimate).
-        shared: see :func:`sample_from_prefixes`.
-
-    Returns:
-        :class:`PrefixValues`.
-    """
-    response = [int(t) for t in response_ids]
-    length = len(response)
-    bounds = [int(b) for b in boundaries]
-    if bounds != sorted(set(bounds)) or not bounds or bounds[0] < 0 or bounds[-1] > length:
-        raise ValueError(f"boundaries must be sorted, distinct and within [0, {length}], "
-                         f"got {bounds}")
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
-    if not seeds:
-        raise ValueError("seeds: give one seed per replicate (at least one)")
-    if length > max_new_tokens:
-        raise ValueError(f"the response has {length} tokens, more than max_new_tokens "
-                         f"({max_new_tokens})")
-    terminal = [b == length or b >= max_new_tokens for b in bounds]
-    own = float(reward_fn(response, finished))
-    cuts = [len(prompt_ids) + b for b, end in zip(bounds, terminal, strict=True) if not end]
-    budgets = [max_new_tokens - b for b, end in zip(bounds, terminal, strict=True) if not end]
-    open_bounds = [b for b, end in zip(bounds, terminal, strict=True) if not end]
-    prefix = [*map(int, prompt_ids), *response]
-    device = next(sampler.parameters()).device
-    rewards: list[list[list[float]]] = []
-    tokens = 0
-    for seed in seeds:
-        generator = torch.Generator(device=device).manual_seed(int(seed))
-        continuations, flags, sampled = sample_from_prefixes(
-            sampler, prefix, cuts, samples, budgets=budgets, stop_ids=stop_ids, pad_id=pad_id,
-            temperature=temperature, top_p=top_p, generator=generator, batch_size=batch_size,
-            shared=shared)
-        tokens += sampled
-        by_bound = {b: [float(reward_fn(response[:b] + cont, done))
-                        for cont, done in zip(conts, fl, strict=True)]
-                    for b, conts, fl in zip(open_bounds, continuations, flags, strict=True)}
-        rewards.append([[own] if end else by_bound[b]
-                        for b, end in zip(bounds, terminal, strict=True)])
-    return PrefixValues(boundaries=bounds, rewards=rewards, terminal=terminal, tokens=tokens)
+    """Monte-Carlo ``V`` at ``boundaries`` of one trajectory: :func:`estimate_values` of one
+    :class:`Trajectory` (its arguments, one by one)."""
+    (values,) = estimate_values(
+        sampler, [Trajectory(prompt_ids, response_ids, finished, boundaries, reward_fn)],
+        samples=samples, max_new_tokens=max_new_tokens, stop_ids=stop_ids, pad_id=pad_id,
+        temperature=temperature, top_p=top_p, seeds=seeds, batch_size=batch_size, shared=shared)
+    return values
 
 
 ContinueFn = Callable[[list[EpisodePrefix], torch.Generator], tuple[list[float], int]]

@@ -31,8 +31,8 @@ Where this project differs from the authors, and why:
   trainer's loss has one mask for every estimator.
 - Whitening (``whiten``) runs over the whole step's batch (32 trajectories by default); the
   authors whiten per training micro-batch (8 episodes for SPO, 64 for VinePPO).
-- Identical prefixes are not deduplicated (``SPO:...with_mc_advantages.py:1005-1016``): each
-  trajectory's values are its own estimate.
+- Identical prefixes share one estimate (``dedupe_prefixes``, as the authors do) when their
+  prompt and response token ids agree; the authors compare the query text.
 - VinePPO's step split is GSM8K's newline rule (``VINE:src/treetune/tasks/gsm8k.py:65-142``):
   the arithmetic tasks here answer in GSM8K's style, not MATH's LaTeX, whose sentence splitter
   is not ported.
@@ -80,6 +80,9 @@ class SPOChainConfig:
             and stay out of the whitening; on: ``SPO:src/treetune/trainers/ppo_trainer.py:133``).
         whiten: normalise the advantages to mean 0 and unbiased std 1 over the batch's trained
             tokens (on: ``ppo_trainer.py:135``; ``configs/trainers/ppo_MATH.jsonnet:64``).
+        dedupe_prefixes: trajectories of a step that agree on the prompt and the response up to
+            a cut share one Monte-Carlo estimate there, sampled once (on: the authors
+            deduplicate identical value queries, ``SPO:...with_mc_advantages.py:1004-1016``).
     """
 
     mc_samples: int = 9
@@ -87,6 +90,7 @@ class SPOChainConfig:
     cut_interval: int = 5
     prob_mask: bool = True
     whiten: bool = True
+    dedupe_prefixes: bool = True
 
     def __post_init__(self) -> None:
         _check_samples(self.mc_samples)
@@ -113,12 +117,17 @@ class VinePPOConfig:
             None: none).
         whiten: normalise the advantages to mean 0 and unbiased std 1 over the batch's policy
             tokens (on: ``VINE:src/treetune/trainers/ppo_trainer.py``, ``whiten_advantages``).
+        dedupe_prefixes: trajectories of a step that agree on the prompt and the response up to
+            a step start (the prompt itself, for the responses of one problem) share one
+            Monte-Carlo estimate there, sampled once (on: ``VINE:src/treetune/episode_generators/
+            math_episode_generator_with_mc_advantages.py:721-732``).
     """
 
     mc_samples: int = 9
     max_steps: int | None = None
     answer_prefix: str | None = "\n#### "
     whiten: bool = True
+    dedupe_prefixes: bool = True
 
     def __post_init__(self) -> None:
         _check_samples(self.mc_samples)

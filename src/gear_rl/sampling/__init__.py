@@ -4,8 +4,9 @@ environment loops all sample through it).
 
 - :mod:`gear_rl.sampling.sampler`: :class:`SamplingParams` (how a call samples: cap, stop and
   padding ids, temperature, top-p, decoding batch, greedy, paired draws, fast attention),
-  :func:`sample_responses` (one response per prompt), :func:`sample_continuations` (many
-  continuations of one sequence's prefixes from one forward), :func:`sample_next_token`,
+  :func:`sample_responses` (one response per prompt), :func:`continue_sequences` (many
+  continuations of prefixes of several sequences, one forward per sequence) and its
+  one-sequence form :func:`sample_continuations`, :func:`sample_next_token`,
   :func:`stop_token_ids`, :class:`RowStop` and the result :class:`Samples`;
 - :mod:`gear_rl.sampling.cache`: the in-place KV buffers and :class:`TurnCache` (a multi-turn
   episode's rows kept from one turn's call for the next);
@@ -19,6 +20,7 @@ from gear_rl.sampling.sampler import (
     RowStop,
     Samples,
     SamplingParams,
+    continue_sequences,
     sample_continuations,
     sample_next_token,
     sample_responses,
@@ -31,6 +33,7 @@ __all__ = [
     "Samples",
     "SamplingParams",
     "TurnCache",
+    "continue_sequences",
     "decode_attention",
     "sample_continuations",
     "sample_next_token",

@@ -11,7 +11,7 @@ import torch
 from transformers import Cache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["BufferLayer", "TurnCache", "buffered_cache"]
+__all__ = ["BufferLayer", "TurnCache", "buffered_cache", "stacked_cache"]
 
 
 class BufferLayer(DynamicLayer):
@@ -75,6 +75,31 @@ def buffered_cache(cache: Cache, take: Callable[[torch.Tensor], torch.Tensor],
         keys, values = take(cast(torch.Tensor, layer.keys)), take(cast(torch.Tensor, layer.values))
         layers.append(BufferLayer(keys, values, keys.shape[2] + extra))
     return Cache(layers=cast(Any, layers))
+
+
+def stacked_cache(caches: Sequence[Cache]) -> Cache:
+    """One cache whose row ``s`` is the single row of ``caches[s]``, every layer right-padded
+    with zeros to the longest (``[S, heads, longest, head_dim]``): the padding sits after each
+    row's own positions, so a row read up to its own length is the row as it was.
+
+    Raises ValueError for a cache with other than full-attention layers, or of other than one
+    row."""
+    stacked: list[DynamicLayer] = []
+    for parts in zip(*(c.layers for c in caches), strict=True):
+        if any(type(layer) is not DynamicLayer for layer in parts):
+            raise ValueError("stacked_cache: full-attention layers only (no sliding window)")
+        keys = [cast(torch.Tensor, layer.keys) for layer in parts]
+        values = [cast(torch.Tensor, layer.values) for layer in parts]
+        if any(k.shape[0] != 1 for k in keys):
+            raise ValueError("stacked_cache: every cache must hold one row")
+        longest = max(k.shape[2] for k in keys)
+        layer = DynamicLayer()
+        layer.update(torch.cat([torch.nn.functional.pad(k, (0, 0, 0, longest - k.shape[2]))
+                                for k in keys]),
+                     torch.cat([torch.nn.functional.pad(v, (0, 0, 0, longest - v.shape[2]))
+                                for v in values]))
+        stacked.append(layer)
+    return Cache(layers=cast(Any, stacked))
 
 
 class TurnCache:

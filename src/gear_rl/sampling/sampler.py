@@ -25,8 +25,10 @@ criteria, a full-vocabulary multinomial, rows that finished still decoded) costs
   (``budgets``) and, given a :class:`RowStop`, as soon as its new tokens complete what the
   caller waits for (a tool call: the agent loop would discard every token after it).
 
-:func:`sample_continuations` runs the same loop from the prefixes of one sequence, all read
-from one forward pass over it (the Monte-Carlo credit checker's continuations).
+:func:`continue_sequences` runs the same loop from prefixes of given sequences, each sequence
+read from one forward pass over it, prefixes of several sequences decoding in one batch (the
+Monte-Carlo values of the credit check and of the trainer's values phase);
+:func:`sample_continuations` is its one-sequence form.
 
 Multi-turn episodes (agent and environment loops) call the sampler once per turn, each row's
 context being its previous context, its last turn and an observation. Given a
@@ -43,7 +45,7 @@ draws different tokens for a given seed than prefilling every copy would.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
@@ -51,10 +53,10 @@ from transformers import Cache, DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 from gear_rl.sampling.attention import decode_attention
-from gear_rl.sampling.cache import BufferLayer, TurnCache, buffered_cache
+from gear_rl.sampling.cache import BufferLayer, TurnCache, buffered_cache, stacked_cache
 
-__all__ = ["RowStop", "Samples", "SamplingParams", "sample_continuations", "sample_next_token",
-           "sample_responses", "stop_token_ids"]
+__all__ = ["RowStop", "Samples", "SamplingParams", "continue_sequences", "sample_continuations",
+           "sample_next_token", "sample_responses", "stop_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -555,79 +557,145 @@ def sample_continuations(
     sampling: SamplingParams,
     *,
     generator: torch.Generator | None = None,
+    budgets: Sequence[int] | None = None,
 ) -> list[Samples]:
     """Sample ``samples`` continuations of each prefix ``prefix_ids[:c]``, ``c`` in ``cuts``,
-    from one forward pass over ``prefix_ids``.
-
-    The KV cache of the whole sequence is computed once; the rows of cut ``c`` start from its
-    first ``c`` positions (repeated ``samples`` times, no re-prefill) and from the logits at
-    position ``c - 1``, which causal attention makes those of the prefix alone. Rows of
-    different cuts decode together, their caches left-padded to the longest cut of the batch
-    and masked. Sampling, stopping and determinism are those of :func:`sample_responses`.
+    from one forward pass over ``prefix_ids``: :func:`continue_sequences` of one sequence.
 
     Args:
         model: a Hugging Face causal LM with full-attention layers.
         prefix_ids: one token sequence of length ``L`` (e.g. prompt + sampled response).
         cuts: prefix lengths, each in ``[1, L]`` (repeats allowed).
+        samples, sampling, generator, budgets: as in :func:`continue_sequences`.
+
+    Returns:
+        One :class:`Samples` per cut, in the order of ``cuts``.
+    """
+    if not prefix_ids:
+        raise ValueError("prefix_ids: needs at least one token")
+    return continue_sequences(model, [prefix_ids], [(0, int(c)) for c in cuts], samples,
+                              sampling, generator=generator, budgets=budgets)
+
+
+@torch.no_grad()
+def continue_sequences(
+    model: torch.nn.Module,
+    sequences: Sequence[Sequence[int]],
+    cuts: Sequence[tuple[int, int]],
+    samples: int,
+    sampling: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    budgets: Sequence[int] | None = None,
+) -> list[Samples]:
+    """Sample ``samples`` continuations of each prefix ``sequences[s][:c]``, ``(s, c)`` in
+    ``cuts``, from one forward pass over each sequence that a cut reads.
+
+    Each sequence's KV cache is computed once; the rows of cut ``(s, c)`` start from the first
+    ``c`` positions of sequence ``s`` (repeated ``samples`` times, no re-prefill) and from the
+    logits at position ``c - 1``, which causal attention makes those of the prefix alone. Rows
+    of different cuts, of one sequence or of several, decode together, their caches
+    left-padded to the longest cut of the batch and masked. Sampling, stopping and determinism
+    are those of :func:`sample_responses`.
+
+    Args:
+        model: a Hugging Face causal LM with full-attention layers.
+        sequences: ``S`` token sequences (e.g. prompt + sampled response of each trajectory).
+        cuts: ``(sequence index, prefix length)`` pairs, the length in ``[1, len(sequence)]``
+            (repeats allowed).
         samples: continuations per cut (>= 1).
         sampling: as in :func:`sample_responses`; its ``batch_size`` counts rows
-            (continuations), ``len(cuts) * samples`` in all, taken cut by cut, so a batch spans
-            several cuts. Its ``pad_id`` is never fed (padding lives in the cache and is
-            masked).
+            (continuations), ``len(cuts) * samples`` in all, taken cut by cut in the order of
+            ``cuts``, so a batch spans several cuts (a caller that orders its cuts by length
+            keeps each batch's padding small). Its ``pad_id`` is never fed (padding lives in
+            the cache and is masked).
         generator: as in :func:`sample_responses`.
+        budgets: per cut, the most tokens its continuations may have, each in
+            ``[1, sampling.max_new_tokens]`` (None: every cut ``max_new_tokens``); a row leaves
+            the batch at its cut's budget.
 
     Returns:
         One :class:`Samples` per cut, in the order of ``cuts``: ``prompt_ids`` holds
-        ``samples`` copies of ``prefix_ids[:c]``, ``response_ids`` their continuations.
+        ``samples`` copies of the prefix, ``response_ids`` its continuations.
     """
-    prefix = [int(t) for t in prefix_ids]
-    cut_list = [int(c) for c in cuts]
-    if not prefix:
-        raise ValueError("prefix_ids: needs at least one token")
+    seqs = [[int(t) for t in s] for s in sequences]
+    cut_list = [(int(s), int(c)) for s, c in cuts]
     if not cut_list:
         raise ValueError("cuts: needs at least one cut")
-    bad = [c for c in cut_list if not 1 <= c <= len(prefix)]
+    bad_seq = [s for s, _ in cut_list if not 0 <= s < len(seqs)]
+    if bad_seq:
+        raise ValueError(f"cuts name sequences {sorted(set(bad_seq))[:5]}, but there are "
+                         f"{len(seqs)}")
+    bad = [c for s, c in cut_list if not 1 <= c <= len(seqs[s])]
     if bad:
-        raise ValueError(f"cuts must be in [1, {len(prefix)}] (the prefix length), got {bad}")
+        lengths_of = sorted({len(seqs[s]) for s, _ in cut_list})
+        span = (f"[1, {lengths_of[0]}]" if len(lengths_of) == 1
+                else "[1, the sequence's length]")
+        raise ValueError(f"cuts must be in {span} (the prefix length), got {bad[:5]}")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    caps = None if budgets is None else [int(b) for b in budgets]
+    if caps is not None and (len(caps) != len(cut_list)
+                             or any(not 1 <= b <= sampling.max_new_tokens for b in caps)):
+        raise ValueError(f"budgets: one per cut ({len(cut_list)}), each in [1, "
+                         f"max_new_tokens={sampling.max_new_tokens}]")
     device = next(model.parameters()).device
-    full = DynamicCache(config=cast(PreTrainedConfig, model.config))
-    distinct = sorted(set(cut_list))
-    keep = torch.tensor([c - 1 for c in distinct], device=device)
-    cut_logits = model(
-        input_ids=torch.tensor([prefix], device=device), past_key_values=full, use_cache=True,
-        logits_to_keep=keep,
-    ).logits[0]  # [len(distinct), V]: logits after each distinct cut
-    logit_row = {c: i for i, c in enumerate(distinct)}
-    row_cuts = [c for c in cut_list for _ in range(samples)]  # cut by cut, in order of cuts
+    used = sorted({s for s, _ in cut_list})
+    index_of = {s: i for i, s in enumerate(used)}  # the sequence's row in the stacked cache
+    caches: list[Cache] = []
+    logit_row: dict[tuple[int, int], int] = {}
+    cut_logits = []
+    for s in used:
+        prefill = DynamicCache(config=cast(PreTrainedConfig, model.config))
+        distinct = sorted({c for t, c in cut_list if t == s})
+        keep = torch.tensor([c - 1 for c in distinct], device=device)
+        cut_logits.append(model(  # [len(distinct), V]: the logits after each distinct cut
+            input_ids=torch.tensor([seqs[s]], device=device), past_key_values=prefill,
+            use_cache=True, logits_to_keep=keep,
+        ).logits[0])
+        logit_row.update({(s, c): len(logit_row) + i for i, c in enumerate(distinct)})
+        caches.append(prefill)
+    every_logit = torch.cat(cut_logits) if len(cut_logits) > 1 else cut_logits[0]
+    full = caches[0] if len(caches) == 1 else stacked_cache(caches)
+    del caches, cut_logits
+    row_cuts = [cut for cut in cut_list for _ in range(samples)]  # cut by cut, in order
+    row_caps = None if caps is None else [b for b in caps for _ in range(samples)]
     chunk = sampling.batch_size or len(row_cuts)
     responses: list[list[int]] = []
     finished: list[bool] = []
     for start in range(0, len(row_cuts), chunk):
-        lengths = torch.tensor(row_cuts[start : start + chunk], device=device)
+        part = row_cuts[start : start + chunk]
+        lengths = torch.tensor([c for _, c in part], device=device)
+        rows = torch.tensor([index_of[s] for s, _ in part], device=device)
         width = int(lengths.max())
-        # row r's cache holds positions 0..c_r-1, right-aligned in `width` columns; the columns
-        # before it repeat position 0 (finite values, masked out)
+        # row r's cache holds positions 0..c_r-1 of its sequence, right-aligned in `width`
+        # columns; the columns before it repeat position 0 (finite values, masked out)
         column = torch.arange(width, device=device)
         offset = (width - lengths).unsqueeze(-1)
         source = (column - offset).clamp_(min=0)  # [R, W] position read into each column
-        def take(t: torch.Tensor, source: torch.Tensor = source) -> torch.Tensor:
-            return t[0][:, source].transpose(0, 1)  # [1, H, L, D] -> [R, H, W, D]
 
-        cache = buffered_cache(full, take, sampling.max_new_tokens)
+        def take(t: torch.Tensor, rows: torch.Tensor = rows, source: torch.Tensor = source
+                 ) -> torch.Tensor:  # [S, H, L, D] -> [R, H, W, D]
+            return t.transpose(1, 2)[rows.unsqueeze(-1), source].transpose(1, 2)
+
+        call = sampling
+        part_caps = None
+        if row_caps is not None:
+            part_caps = row_caps[start : start + chunk]
+            call = replace(sampling, max_new_tokens=max(part_caps))
+        cache = buffered_cache(full, take, call.max_new_tokens)
         attention = None
         if bool((lengths < width).any()):
             attention = (column >= offset).long()
-        logits = cut_logits[torch.tensor([logit_row[c] for c in row_cuts[start:start + chunk]],
-                                         device=device)]
-        part, done = _decode(model, cache, logits, attention, lengths, sampling,
-                             generator=generator)
-        responses += part
+        logits = every_logit[torch.tensor([logit_row[cut] for cut in part], device=device)]
+        got, done = _decode(model, cache, logits, attention, lengths, call, generator=generator,
+                            budgets=None if part_caps is None
+                            else torch.tensor(part_caps, device=device))
+        responses += got
         finished += done
     return [
-        Samples(prompt_ids=[prefix[:c] for _ in range(samples)],
+        Samples(prompt_ids=[seqs[s][:c] for _ in range(samples)],
                 response_ids=responses[i * samples : (i + 1) * samples],
                 finished=finished[i * samples : (i + 1) * samples])
-        for i, c in enumerate(cut_list)
+        for i, (s, c) in enumerate(cut_list)
     ]

@@ -73,6 +73,9 @@ class RolloutConfig:
         top_p: nucleus mass (1.0: the full distribution, on-policy).
         max_new_tokens: cap on response length; a batch runs until its longest answer stops.
         batch_size: rows per generation batch (None: all at once).
+        mc_batch_size: continuation rows per decoding batch of the Monte-Carlo values phase
+            (SPO-chain, VinePPO: the continuations of every trajectory of the step decode
+            together, ordered by prefix length; ``gear_rl.mc_values.estimate_values``).
         dtype: sampler weights: ``auto`` (bf16 where the device computes bf16 natively, else the
             policy's fp32), ``bf16`` or ``fp32``. The sampler is a copy of the policy refreshed
             after every update.
@@ -84,6 +87,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_new_tokens: int = 32
     batch_size: int | None = None
+    mc_batch_size: int = 256
     dtype: str = "auto"
 
     def validate(self, name: str = "rollout") -> None:
@@ -91,7 +95,7 @@ class RolloutConfig:
         prefix = name + "."
         check_finite(prefix, self)
         check_at_least(prefix, self, 1, "prompts_per_step", "samples_per_prompt",
-                       "max_new_tokens", "batch_size")
+                       "max_new_tokens", "batch_size", "mc_batch_size")
         check_positive(prefix, self, "temperature")
         check_unit_interval(prefix, self, "top_p")
         check_one_of(prefix + "dtype", self.dtype, PRECISIONS)

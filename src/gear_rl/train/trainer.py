@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from gear_rl.credit import get_estimator
-from gear_rl.mc_values import estimate_prefix_values
+from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.seeding import derive_seed
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
@@ -309,7 +309,9 @@ class Trainer:
         SPO-chain, VinePPO): at each boundary ``b`` the estimator names, ``V`` of the prompt
         and the first ``b`` response tokens is the mean reward of ``mc_samples`` continuations
         of that prefix by the sampler, at the rollout's temperature, top-p and remaining budget
-        (:func:`gear_rl.mc_values.estimate_prefix_values`, the credit check's estimator).
+        (:func:`gear_rl.mc_values.estimate_values`, the credit check's estimator: the
+        continuations of every trajectory decode together, ``rollout.mc_batch_size`` rows at a
+        time; identical prefixes are sampled once under ``credit.dedupe_prefixes``).
         Writes ``batch.extras["token_texts"]``, ``["mc_values"]`` (``B`` lists, one ``V`` per
         boundary) and the phase's counts into ``batch.rollout_metrics``; nothing for other
         estimators."""
@@ -321,22 +323,21 @@ class Trainer:
                  for row in batch.response_ids]
         batch.extras = {**(batch.extras or {}), "token_texts": texts}
         boundaries = boundaries_of(scores.credit_batch(batch), self.credit_config)
-        values: list[list[float]] = []
-        tokens = 0
-        for row, bounds in enumerate(boundaries):
-            if not bounds:
-                values.append([])
-                continue
-            estimate = estimate_prefix_values(
-                runtime.sampler, batch.prompt_ids[row], batch.response_ids[row],
-                batch.finished[row], bounds, samples=self.credit_config.mc_samples,
-                reward_fn=task_reward_fn(self.task, batch.problems[row], self.tokenizer),
-                max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
-                pad_id=runtime.pad_id, temperature=rollout.temperature, top_p=rollout.top_p,
-                seeds=(derive_seed(self.config.seed, 3, step, row),),
-                batch_size=rollout.batch_size)
-            values.append(estimate.values().tolist())
-            tokens += estimate.tokens
+        rows = [row for row, bounds in enumerate(boundaries) if bounds]
+        estimates = estimate_values(
+            runtime.sampler,
+            [Trajectory(batch.prompt_ids[row], batch.response_ids[row], batch.finished[row],
+                        boundaries[row],
+                        task_reward_fn(self.task, batch.problems[row], self.tokenizer))
+             for row in rows],
+            samples=self.credit_config.mc_samples, max_new_tokens=rollout.max_new_tokens,
+            stop_ids=runtime.stop_ids, pad_id=runtime.pad_id, temperature=rollout.temperature,
+            top_p=rollout.top_p, seeds=(derive_seed(self.config.seed, 3, step),),
+            batch_size=rollout.mc_batch_size, dedupe=self.credit_config.dedupe_prefixes)
+        values: list[list[float]] = [[] for _ in boundaries]
+        for row, estimate in zip(rows, estimates, strict=True):
+            values[row] = estimate.values().tolist()
+        tokens = sum(estimate.tokens for estimate in estimates)
         batch.extras["mc_values"] = values
         batch.rollout_metrics = {**(batch.rollout_metrics or {}), "mc/tokens": float(tokens),
                                  "mc/boundaries_per_response": sum(map(len, boundaries))
