@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -239,13 +240,15 @@ def test_project_study_files_are_valid() -> None:
 def _write_cell(out: Path, task: str, method: str, estimator: str, seed: int,
                 rewards: list[list[float]], *, steps: int = 2, k: int = 2,
                 temperature: float = 0.6, credit: dict | None = None,
-                earlier: dict[int, list[list[float]]] | None = None) -> Path:
+                earlier: dict[int, list[list[float]]] | None = None,
+                samples_per_prompt: int = 4) -> Path:
     """A finished cell directory with known eval records at its final step (and at the
     ``earlier`` steps, same problems)."""
     run = out / "cells" / task / f"{method}-s{seed}"
     (run / "eval_records").mkdir(parents=True)
     config = {"model": "tiny-random", "task": "arithmetic", "estimator": estimator,
               "credit": credit or {}, "steps": steps, "seed": seed,
+              "rollout": {"samples_per_prompt": samples_per_prompt},
               "eval": {"k": k, "temperature": temperature, "records": True}}
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     mean = float(np.mean([x >= 1 for r in rewards for x in r]))
@@ -349,6 +352,46 @@ def test_cells_whose_settings_differ_are_refused(tmp_path: Path) -> None:
         analyze_study(spec, tmp_path)
 
 
+def test_an_equal_token_arm_sets_its_own_samples_per_prompt(tmp_path: Path) -> None:
+    """A method's ``samples_per_prompt`` (per task) is the one shared setting it may change:
+    its cells train with it, the report accepts it and names it, and any other difference in
+    samples per prompt is still refused."""
+    methods = {"grpo": {"seeds": [0]}, "gear": {"seeds": [0]},
+               "grpo_tokens": {"estimator": "grpo", "seeds": [0], "label": "grpo, equal tokens",
+                               "samples_per_prompt": {"arith": 12}}}
+    spec = parse_spec(_spec(methods=methods))
+    configs = {c.method.key: spec.cell_config(c, tmp_path) for c in spec.cells()}
+    assert configs["grpo_tokens"].rollout.samples_per_prompt == 12
+    assert configs["grpo"].rollout.samples_per_prompt == 4
+    _write_cell(tmp_path, "arith", "grpo", "grpo", 0, [[1, 0], [0, 0]])
+    _write_cell(tmp_path, "arith", "gear", "gear", 0, [[1, 0], [1, 0]])
+    _write_cell(tmp_path, "arith", "grpo_tokens", "grpo", 0, [[1, 1], [0, 0]],
+                samples_per_prompt=12)
+    result = write_study(analyze_study(spec, tmp_path))
+    assert [m.method.key for m in result.tasks[0].methods] == ["grpo", "gear", "grpo_tokens"]
+    assert ("grpo, equal tokens: `rollout.samples_per_prompt=12`"
+            in (tmp_path / "study.md").read_text())
+    shutil.rmtree(tmp_path / "cells" / "arith" / "grpo_tokens-s0")
+    _write_cell(tmp_path, "arith", "grpo_tokens", "grpo", 0, [[1, 1], [0, 0]],
+                samples_per_prompt=8)  # not what the spec says
+    with pytest.raises(ValueError, match=r"rollout\.samples_per_prompt"):
+        analyze_study(spec, tmp_path)
+    shutil.rmtree(tmp_path / "cells" / "arith" / "grpo_tokens-s0")
+    _write_cell(tmp_path, "arith", "grpo_tokens", "grpo", 0, [[1, 1], [0, 0]],
+                samples_per_prompt=12)
+    analyze_study(spec, tmp_path)  # as the spec says again
+    shutil.rmtree(tmp_path / "cells" / "arith" / "gear-s0")
+    _write_cell(tmp_path, "arith", "gear", "gear", 0, [[1, 0], [1, 0]], samples_per_prompt=6)
+    with pytest.raises(ValueError, match=r"rollout\.samples_per_prompt"):
+        analyze_study(spec, tmp_path)
+    for bad, message in [({"other": 12}, r"must give every task's value"),
+                         ({"arith": 0}, r"samples_per_prompt\.arith must be an integer >= 1"),
+                         ({"arith": True}, r"must be an integer")]:
+        with pytest.raises(ValueError, match=message):
+            parse_spec(_spec(methods={"grpo": {}, "g": {"estimator": "grpo",
+                                                          "samples_per_prompt": bad}}))
+
+
 def test_cells_evaluated_on_other_problems_are_refused(tmp_path: Path) -> None:
     spec = parse_spec(_spec(methods={"grpo": {"seeds": [0]}, "gear": {"seeds": [0]}}))
     _write_cell(tmp_path, "arith", "grpo", "grpo", 0, [[1, 0], [0, 0]])
@@ -425,7 +468,7 @@ def test_cli_arguments(tmp_path: Path, capsys) -> None:
     assert "No cell of this task has finished yet" in (tmp_path / "o" / "study.md").read_text()
 
 
-def test_a_part_of_a_study_is_selected_by_method_and_seed(tmp_path: Path, capsys) -> None:
+def test_a_part_of_a_study_is_selected_by_method_seed_and_task(tmp_path: Path, capsys) -> None:
     spec = parse_spec(_spec())  # grpo seeds 0, 1; gear seeds 0, 1, 2
 
     def names(cells: list) -> list[str]:
@@ -445,11 +488,19 @@ def test_a_part_of_a_study_is_selected_by_method_and_seed(tmp_path: Path, capsys
         select_cells(spec, seeds=[7])
     with pytest.raises(ValueError, match="selects no cell"):
         select_cells(spec, ["grpo"], [2])
+    two = parse_spec(_spec(tasks={"arith": {}, "other": {"overrides": {"task": "arithmetic"}}}))
+    assert names(select_cells(two, tasks=["other"])) == [
+        "other/grpo-s0", "other/gear-s0", "other/grpo-s1", "other/gear-s1", "other/gear-s2"]
+    assert names(select_cells(two, ["grpo"], [0], ["arith"])) == ["arith/grpo-s0"]
+    with pytest.raises(ValueError, match=r"tasks=sokoban: not a task of 't' \(its tasks: "
+                                         r"arith, other\)"):
+        select_cells(two, tasks=["sokoban"])
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(_spec()))
     for argument, message in (("methods=grpo,", "comma-separated list"),
                               ("seeds=a", "comma-separated integers"),
-                              ("methods=rlsd", "not a method of 't'")):
+                              ("methods=rlsd", "not a method of 't'"),
+                              ("tasks=other", "not a task of 't'")):
         assert main(["study", str(path), f"out={tmp_path / 'o'}", argument]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o" / "cells").exists()  # refused before anything trained

@@ -1,5 +1,5 @@
 """``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B] [seeds=0,1]
-[train=false] [progress=false]``."""
+[tasks=A,B] [train=false] [progress=false]``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B]
-                     [seeds=0,1] [train=false] [progress=false]
+                     [seeds=0,1] [tasks=A,B] [train=false] [progress=false]
 
 Train every cell (task x method x seed) of a study file with identical settings, then write
 study.md, study.json and plots/ into out= (default runs/study/<name>). Rerun the same command
@@ -25,11 +25,13 @@ the file and every number.
                 test first); the others wait for a later run. The report covers every
                 finished cell.
   seeds=0,1     train only these seeds' cells (with methods=, both must match)
+  tasks=A,B     train only these tasks' cells (e.g. the cheaper task first; with methods=
+                or seeds=, all must match)
   train=false   only write the results from the cells finished so far
   progress=false  no progress bar
 """
 
-_KEYS = ("out", "jobs", "threads", "methods", "seeds", "train", "progress")
+_KEYS = ("out", "jobs", "threads", "methods", "seeds", "tasks", "train", "progress")
 
 
 def _bool(key: str, value: str) -> bool:
@@ -93,11 +95,12 @@ def main(argv: list[str]) -> int:
         progress = _bool("progress", options.get("progress", "true"))
         methods = _names("methods", options["methods"]) if "methods" in options else None
         seeds = _seeds(options["seeds"]) if "seeds" in options else None
-        selected = select_cells(spec, methods, seeds)  # a bad selection fails before training
+        tasks = _names("tasks", options["tasks"]) if "tasks" in options else None
+        selected = select_cells(spec, methods, seeds, tasks)  # a bad one fails before training
         run = None
         if train:
             run = run_study(spec, out, jobs=jobs, threads=threads, progress=progress,
-                            methods=methods, seeds=seeds)
+                            methods=methods, seeds=seeds, tasks=tasks)
         result = write_study(analyze_study(spec, out))
     except ValueError as error:
         print(f"gear-rl study: {error}", file=sys.stderr)
@@ -111,8 +114,8 @@ def main(argv: list[str]) -> int:
         waiting = [p.cell.name for p in run.planned if p.cell not in selected
                    and not RunDir(p.run_dir).finished()]
         if waiting:
-            print(f"gear-rl study: {len(waiting)} cell(s) outside methods=/seeds= not trained "
-                  f"yet ({', '.join(waiting[:6])}{', ...' if len(waiting) > 6 else ''}); "
+            print(f"gear-rl study: {len(waiting)} cell(s) outside methods=/seeds=/tasks= not "
+                  f"trained yet ({', '.join(waiting[:6])}{', ...' if len(waiting) > 6 else ''}); "
                   "rerun without them to complete the study", file=sys.stderr)
     if run is not None and run.failed:
         names = ", ".join(o.cell.name for o in run.failed)

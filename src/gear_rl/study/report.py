@@ -33,7 +33,7 @@ from gear_rl.stats import (
     paired_difference,
 )
 from gear_rl.study.runner import machine_info
-from gear_rl.study.spec import Cell, MethodSpec, StudySpec, TaskSpec
+from gear_rl.study.spec import SAMPLES_KEY, Cell, MethodSpec, StudySpec, TaskSpec
 from gear_rl.train.evaluate import read_eval_records
 
 __all__ = ["CellResult", "MethodResult", "StudyResult", "TaskResult", "analyze_study",
@@ -177,6 +177,14 @@ def _check_same_evaluation(task: TaskSpec, cells: list[CellResult]) -> None:
     """Refuse cells that were not evaluated alike: the COMPARABLE settings, then the problem
     ids and k of the records themselves."""
     mismatch = mismatched_settings([c.run for c in cells])
+    samples = mismatch.pop(SAMPLES_KEY, None)
+    if samples is not None:  # allowed only where a method declares its own, per task
+        expected = {str(c.run.path): c.cell.method.samples_per_prompt.get(task.key)
+                    for c in cells}
+        shared = {samples[path] for path, own in expected.items() if own is None}
+        if len(shared) > 1 or any(own is not None and samples[path] != own
+                                  for path, own in expected.items()):
+            mismatch[SAMPLES_KEY] = samples
     if mismatch:
         raise ValueError(mismatch_error(
             mismatch, command="study",
@@ -352,6 +360,11 @@ def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
     task = result.task
     settings = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in task.overrides.items())
     lines = [f"## {task.label}", "", f"Task settings: {settings}."]
+    matched = [f"{m.label}: `{SAMPLES_KEY}={m.samples_per_prompt[task.key]}`"
+               for m in spec.methods if m.samples_per_prompt]
+    if matched:
+        lines[-1] += (" Methods given their own number of samples per prompt (an equal "
+                      "sampled-tokens arm): " + "; ".join(matched) + ".")
     if result.final_step is None:
         return [*lines, "", "No cell of this task has finished yet.", ""]
     name = _metric_key(spec, result.k).removeprefix("eval/")

@@ -258,15 +258,22 @@ class _Running:
 
 
 def select_cells(spec: StudySpec, methods: Sequence[str] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Cell]:
-    """The cells of ``spec`` whose method is in ``methods`` and whose seed is in ``seeds``
-    (None: any), in the runner's order: a study can be trained a part at a time (e.g. the
-    baseline and the method under test first) and completed by a later run.
+                 seeds: Sequence[int] | None = None,
+                 tasks: Sequence[str] | None = None) -> list[Cell]:
+    """The cells of ``spec`` whose method is in ``methods``, whose seed is in ``seeds`` and
+    whose task is in ``tasks`` (None: any), in the runner's order: a study can be trained a
+    part at a time (e.g. the baseline and the method under test first, or the cheaper task
+    first) and completed by a later run.
 
     Raises:
-        ValueError: a method the spec does not have, a seed no method of the spec has, or a
-            selection that leaves no cell.
+        ValueError: a method or task the spec does not have, a seed no method of the spec has,
+            or a selection that leaves no cell.
     """
+    task_keys = [t.key for t in spec.tasks]
+    unknown_tasks = [t for t in tasks or () if t not in task_keys]
+    if unknown_tasks:
+        raise ValueError(f"study: tasks={','.join(unknown_tasks)}: not a task of "
+                         f"{spec.name!r} (its tasks: {', '.join(task_keys)})")
     keys = [m.key for m in spec.methods]
     unknown = [m for m in methods or () if m not in keys]
     if unknown:
@@ -280,10 +287,12 @@ def select_cells(spec: StudySpec, methods: Sequence[str] | None = None,
                          f"{', '.join(map(str, known_seeds))})")
     cells = [cell for cell in spec.cells()
              if (methods is None or cell.method.key in methods)
-             and (seeds is None or cell.seed in seeds)]
+             and (seeds is None or cell.seed in seeds)
+             and (tasks is None or cell.task.key in tasks)]
     if not cells:
         raise ValueError(f"study: methods={','.join(methods or keys)} with "
-                         f"seeds={','.join(map(str, seeds or known_seeds))} selects no cell "
+                         f"seeds={','.join(map(str, seeds or known_seeds))} and "
+                         f"tasks={','.join(tasks or task_keys)} selects no cell "
                          f"of {spec.name!r}")
     return cells
 
@@ -293,7 +302,8 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
               python: str = sys.executable,
               on_cell: Callable[[CellOutcome], None] | None = None,
               methods: Sequence[str] | None = None,
-              seeds: Sequence[int] | None = None) -> StudyRun:
+              seeds: Sequence[int] | None = None,
+              tasks: Sequence[str] | None = None) -> StudyRun:
     """Train every unfinished cell of ``spec`` under ``out`` (see the module docstring).
 
     Args:
@@ -304,14 +314,14 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
             a line per finished cell on stderr.
         python: the interpreter of the cell processes.
         on_cell: called with each cell's outcome as it ends.
-        methods, seeds: train only the cells of these methods and seeds
+        methods, seeds, tasks: train only the cells of these methods, seeds and tasks
             (:func:`select_cells`; None: all). Every cell is still planned and checked; the
             others are left as they are for a later run.
 
     Raises:
-        ValueError: a bad ``jobs``/``threads``/``methods``/``seeds``, a study folder in use by
-            another study, or a cell folder holding a run of another config (checked before
-            anything trains).
+        ValueError: a bad ``jobs``/``threads``/``methods``/``seeds``/``tasks``, a study
+            folder in use by another study, or a cell folder holding a run of another config
+            (checked before anything trains).
     """
     if jobs is None or threads is None:
         default_jobs, default_threads = default_parallelism()
@@ -320,7 +330,7 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     if jobs < 1 or threads < 1:
         raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
                          f"threads={threads}")
-    selected = {cell.name for cell in select_cells(spec, methods, seeds)}
+    selected = {cell.name for cell in select_cells(spec, methods, seeds, tasks)}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     folder = RunDir(out)

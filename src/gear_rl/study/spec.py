@@ -8,7 +8,9 @@ and checked by :func:`gear_rl.train.config.load_config`, so an unknown key or a 
 the trainer's own error (with its nearest-key suggestion), prefixed by where in the study it
 came from. A method may not change what the cells of a task must share (the settings of
 :data:`gear_rl.report.compare.COMPARABLE` and every ``eval.*`` key): those belong in the budget
-or the task.
+or the task. The one exception is a method's ``samples_per_prompt`` (task key -> value), which
+sets its cells' ``rollout.samples_per_prompt``: an arm given as many sampled tokens as another
+method spends, which the report names.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import yaml
 from gear_rl.report.compare import COMPARABLE
 from gear_rl.train.config import TrainConfig, load_config
 
-__all__ = ["METRICS", "Cell", "MethodSpec", "StatsSpec", "StudySpec", "TaskSpec", "load_spec",
-           "parse_spec"]
+__all__ = ["METRICS", "SAMPLES_KEY", "Cell", "MethodSpec", "StatsSpec", "StudySpec", "TaskSpec",
+           "load_spec", "parse_spec"]
 
 METRICS = ("mean@k", "pass@k")
 """What a study compares: held-out Mean@k (fraction of a problem's k samples that are correct)
@@ -43,7 +45,10 @@ _RESERVED = {"estimator": "set by each method (methods.NAME.estimator)",
 _TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks", "methods",
         "statistics", "analysis", "keep_checkpoints")
 _TASK_KEYS = ("label", "overrides")
-_METHOD_KEYS = ("estimator", "label", "overrides", "seeds")
+_METHOD_KEYS = ("estimator", "label", "overrides", "seeds", "samples_per_prompt")
+SAMPLES_KEY = "rollout.samples_per_prompt"
+"""The one shared setting a method may change, per task, through its ``samples_per_prompt``
+(an equal-sampled-tokens arm: the baseline given as many samples as another method spends)."""
 _STATS_KEYS = ("confidence", "power", "bootstrap", "bootstrap_seed")
 _ANALYSIS_KEYS = ("threshold", "top_tokens")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -75,6 +80,9 @@ class MethodSpec:
         label: the name shown in the tables.
         overrides: its own train settings (dotted keys: ``credit.*``, ``loss.*``, ...).
         seeds: the training seeds it runs.
+        samples_per_prompt: task key -> its cells' ``rollout.samples_per_prompt``, in place of
+            the budget's: an equal-sampled-tokens arm (empty: the budget's, as every method).
+            The only shared setting a method may change; the report names it.
     """
 
     key: str
@@ -82,6 +90,7 @@ class MethodSpec:
     label: str
     overrides: dict[str, Any]
     seeds: tuple[int, ...]
+    samples_per_prompt: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -174,7 +183,9 @@ class StudySpec:
     def cell_config(self, cell: Cell, out: str | Path) -> TrainConfig:
         """The cell's train config (validated by ``load_config``), with ``out`` set to its run
         directory."""
+        matched = cell.method.samples_per_prompt
         settings = {**self.budget, **cell.task.overrides, **cell.method.overrides,
+                    **({SAMPLES_KEY: matched[cell.task.key]} if matched else {}),
                     "estimator": cell.method.estimator, "seed": cell.seed,
                     "eval.records": True, "out": str(cell.run_dir(out))}
         try:
@@ -333,8 +344,19 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
         estimator = entry.get("estimator", key)
         if not isinstance(estimator, str):
             raise check.fail(f"methods.{key}.estimator must be a name, got {estimator!r}")
+        matched = check.mapping(entry.get("samples_per_prompt"),
+                                f"methods.{key}.samples_per_prompt")
+        task_keys = [t.key for t in tasks]
+        if matched and sorted(matched) != sorted(task_keys):
+            raise check.fail(f"methods.{key}.samples_per_prompt must give every task's value "
+                             f"(tasks {task_keys}), got {sorted(matched)}")
+        for task_key, value in matched.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise check.fail(f"methods.{key}.samples_per_prompt.{task_key} must be an "
+                                 f"integer >= 1, got {value!r}")
         methods.append(MethodSpec(check.name(key, "method"), estimator,
-                                  str(entry.get("label", key)), overrides, seeds))
+                                  str(entry.get("label", key)), overrides, seeds,
+                                  {str(k): int(v) for k, v in matched.items()}))
     baseline = top.get("baseline", "grpo" if any(m.key == "grpo" for m in methods)
                        else methods[0].key)
     if baseline not in {m.key for m in methods}:
