@@ -294,6 +294,32 @@ def test_analysis_of_known_cells(tmp_path: Path) -> None:
     assert "Cells trained on: processor not recorded, precision not recorded." in text
 
 
+def test_contrasts_compare_pairs_beside_the_baseline(tmp_path: Path) -> None:
+    """A ``contrasts`` pair is the same paired comparison as against the baseline, with the
+    named method in the baseline's place: gear (0.625) against gear_mp (0.25) is gear_mp's
+    difference from grpo with the roles swapped."""
+    methods = {"grpo": {}, "gear": {}, "gear_mp": {"estimator": "gear"}}
+    spec = parse_spec(_spec(methods=methods, contrasts=[["gear", "gear_mp"]]))
+    for seed in (0, 1):
+        _write_cell(tmp_path, "arith", "grpo", "grpo", seed, [[1, 0], [0, 0]])
+        _write_cell(tmp_path, "arith", "gear_mp", "gear", seed, [[1, 0], [0, 0]])
+    _write_cell(tmp_path, "arith", "gear", "gear", 0, [[1, 0], [1, 0]])
+    _write_cell(tmp_path, "arith", "gear", "gear", 1, [[1, 1], [1, 0]])
+    result = write_study(analyze_study(spec, tmp_path))
+    (key, against, diff), = result.tasks[0].contrasts
+    gear = result.tasks[0].methods[1]
+    assert (key, against) == ("gear", "gear_mp")
+    assert diff is not None and diff.difference == pytest.approx(0.625 - 0.25)
+    assert (diff.low, diff.high, diff.verdict) == (gear.versus.low, gear.versus.high,
+                                                   gear.versus.verdict)
+    assert "| gear | gear_mp | +0.375 |" in (tmp_path / "study.md").read_text()
+    saved = json.loads((tmp_path / "study.json").read_text())["tasks"][0]["contrasts"]
+    assert saved[0]["key"] == "gear" and saved[0]["versus"]["difference"] == pytest.approx(0.375)
+    for bad in ([["gear"]], [["gear", "gear"]], [["gear", "rlsd"]], "gear"):
+        with pytest.raises(ValueError, match="contrasts"):
+            parse_spec(_spec(methods=methods, contrasts=bad))
+
+
 def test_earlier_evaluations_are_compared_too(tmp_path: Path) -> None:
     """A method that reaches the baseline's final score later shows the gap at the earlier
     evaluation: step 1, grpo solves 2 of 4 samples on seed 0 and 3 of 4 on seed 1, gear none;
@@ -369,6 +395,7 @@ def test_an_equal_token_arm_sets_its_own_samples_per_prompt(tmp_path: Path) -> N
                 samples_per_prompt=12)
     result = write_study(analyze_study(spec, tmp_path))
     assert [m.method.key for m in result.tasks[0].methods] == ["grpo", "gear", "grpo_tokens"]
+    assert result.tasks[0].contrasts == []
     assert ("grpo, equal tokens: `rollout.samples_per_prompt=12`"
             in (tmp_path / "study.md").read_text())
     shutil.rmtree(tmp_path / "cells" / "arith" / "grpo_tokens-s0")

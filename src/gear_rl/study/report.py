@@ -121,6 +121,8 @@ class TaskResult:
             the methods with their estimate and difference, baseline first.
         top_sources: the methods whose samples carried a divergence.
         plots: the figures written (paths relative to the study folder).
+        contrasts: the spec's further ``(method, against, difference)`` comparisons at the
+            final step (None where either has no finished cell).
     """
 
     task: TaskSpec
@@ -132,6 +134,7 @@ class TaskResult:
     top_sources: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
     by_step: dict[int, list[MethodResult]] = field(default_factory=dict)
+    contrasts: list[tuple[str, str, Difference | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -253,10 +256,17 @@ def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
             _compare(spec, at_step, step)
             by_step[step] = at_step
         top, sources = _top_tokens(finished, spec.threshold, spec.top_tokens)
+        by_key = {m.method.key: m for m in methods}
+        contrasts = []
+        for key, against in spec.contrasts:  # `against` in the baseline's place
+            pair = [MethodResult(by_key[k].method, by_key[k].cells, by_key[k].missing)
+                    for k in (against, key)]
+            _compare(spec, pair)
+            contrasts.append((key, against, pair[1].versus))
         tasks.append(TaskResult(task, methods, finished[0].final_step if finished else None,
                                 finished[0].k if finished else 0,
                                 finished[0].problems if finished else [], top, sources,
-                                by_step=by_step))
+                                by_step=by_step, contrasts=contrasts))
     return StudyResult(spec, out, tasks)
 
 
@@ -396,6 +406,21 @@ def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
             lines.append(f"{head} {_fmt(versus.difference, True)} | "
                          f"{_interval(versus.low, versus.high, True)} | {versus.mdd:.3f} | "
                          f"{_seed_test(versus)} | **{versus.verdict}** |")
+    if result.contrasts:
+        lines += ["", f"Further pre-registered contrasts (the file's `contrasts`), paired as "
+                  f"above, at step {result.final_step}:", "",
+                  f"| method | against | difference | {conf} CI | detectable (MDD) | "
+                  "seed-level test | verdict |", "|---|---|---|---|---|---|---|"]
+        labels = {m.key: m.label for m in spec.methods}
+        for key, against, diff in result.contrasts:
+            if diff is None:
+                lines.append(f"| {labels[key]} | {labels[against]} | — | — | — | — | "
+                             "a method has no finished cell |")
+                continue
+            lines.append(f"| {labels[key]} | {labels[against]} | "
+                         f"{_fmt(diff.difference, True)} | "
+                         f"{_interval(diff.low, diff.high, True)} | {diff.mdd:.3f} | "
+                         f"{_seed_test(diff)} | **{diff.verdict}** |")
     mdds = [m.versus.mdd for m in result.methods if m.versus is not None]
     if mdds:
         lines += ["", f"At this size (seeds x {len(result.problems)} problems x {result.k} "
@@ -560,6 +585,8 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
                                      "estimate": _estimate_json(m.estimate),
                                      "versus": _versus_json(m.versus)} for m in methods]
                         for step, methods in t.by_step.items()},
+            "contrasts": [{"key": key, "against": against, "versus": _versus_json(diff)}
+                          for key, against, diff in t.contrasts],
             "top_tokens": [vars(r) for r in t.top_tokens], "top_token_sources": t.top_sources,
             "plots": t.plots} for t in result.tasks],
         "timing": {**timing, "machine": machine},

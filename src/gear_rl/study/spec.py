@@ -43,7 +43,7 @@ _RESERVED = {"estimator": "set by each method (methods.NAME.estimator)",
              "threads": "a knob of the runner: gear-rl study SPEC threads=N",
              "eval.records": "always on in a study (the paired statistics read the records)"}
 _TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks", "methods",
-        "statistics", "analysis", "keep_checkpoints")
+        "contrasts", "statistics", "analysis", "keep_checkpoints")
 _TASK_KEYS = ("label", "overrides")
 _METHOD_KEYS = ("estimator", "label", "overrides", "seeds", "samples_per_prompt")
 SAMPLES_KEY = "rollout.samples_per_prompt"
@@ -149,6 +149,8 @@ class StudySpec:
         top_tokens: rows of that table per task.
         keep_checkpoints: keep a finished cell's checkpoints (default False: removed once the
             cell has finished, to save disk; an interrupted cell keeps its own to resume).
+        contrasts: further ``(method, against)`` pairs the report compares, paired as every
+            method is with the baseline (e.g. a method against an equal-token arm).
         path: the file it was read from (None: parsed from a mapping).
     """
 
@@ -163,6 +165,7 @@ class StudySpec:
     threshold: float = 0.1
     top_tokens: int = 20
     keep_checkpoints: bool = False
+    contrasts: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
 
     def method(self, key: str) -> MethodSpec:
@@ -362,6 +365,19 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     if baseline not in {m.key for m in methods}:
         raise check.fail(f"baseline {baseline!r} is not one of the methods "
                          f"{[m.key for m in methods]}")
+    contrasts = []
+    listed = top.get("contrasts") or []
+    if not isinstance(listed, list):
+        raise check.fail(f"contrasts must be a list of [method, against] pairs, got {listed!r}")
+    for pair in listed:
+        if (not isinstance(pair, list) or len(pair) != 2
+                or not all(isinstance(name, str) for name in pair)):
+            raise check.fail(f"contrasts: each entry is a [method, against] pair, got {pair!r}")
+        unknown = [name for name in pair if name not in {m.key for m in methods}]
+        if unknown or pair[0] == pair[1]:
+            raise check.fail(f"contrasts: {pair!r} must name two different methods of "
+                             f"{[m.key for m in methods]}")
+        contrasts.append((pair[0], pair[1]))
     statistics = check.mapping(top.get("statistics"), "statistics")
     check.keys(statistics, _STATS_KEYS, "statistics.")
     stats = StatsSpec(
@@ -385,7 +401,7 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
         threshold=check.number(analysis, "threshold", 0.1, "analysis.", kind=float,
                                low=0.0),
         top_tokens=check.number(analysis, "top_tokens", 20, "analysis.", kind=int, low=1),
-        keep_checkpoints=keep, path=where)
+        keep_checkpoints=keep, contrasts=tuple(contrasts), path=where)
     _check_cells(spec)
     return spec
 
