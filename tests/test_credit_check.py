@@ -318,6 +318,29 @@ def test_task_decided_at_one_token(tmp_path: Path) -> None:
     assert "grpo (floor: uniform credit)" in result.markdown.read_text()
 
 
+def test_monte_carlo_estimators_are_scored_on_their_own_continuations(tmp_path: Path) -> None:
+    """On the task decided at one token, SPO-chain cut before every policy token (no mask, no
+    whitening) credits each token with an independent Monte-Carlo estimate of its advantage
+    (``monte_carlo_extras``, its own random stream): it agrees with the truth far above the
+    uniform floor; VinePPO, whose only step here is the whole response, is the floor's rank."""
+    config = load_config(None, [*SMALL, "rollout.max_new_tokens=8"])
+    model, tokenizer = _tiny()
+    per_token = {"cut_interval": 1, "prob_threshold": 1.0, "prob_mask": False,
+                 "whiten": False, "mc_samples": 32}
+    check = CreditCheckConfig(groups=4, per_group=2, continuations=32, replicates=1,
+                              estimators=["grpo", "vineppo"], bootstrap=200, progress=False,
+                              variants={"spo_tokens": ("spo_chain", per_token)}, seed=1)
+    result = credit_check(config, check, tmp_path / "cc", model=model, tokenizer=tokenizer,
+                          task=first_letter_task())
+    rows = {r["label"]: r["scores"]["first"] for r in result.data["scores"]["rows"]}
+    assert set(rows) == {"grpo", "vineppo", "spo_tokens"}
+    assert rows["spo_tokens"]["spearman"]["value"] > rows["grpo"]["spearman"]["value"] + 0.3
+    assert rows["spo_tokens"]["precision@1"]["value"] > rows["grpo"]["precision@1"]["value"] + 0.3
+    assert rows["vineppo"]["spearman"]["value"] == rows["grpo"]["spearman"]["value"]
+    for traj in result.data["trajectories"]:  # independent draws: not the truth itself
+        assert traj["advantages"]["spo_tokens"] != traj["mc_advantage"]
+
+
 # ------------------------------------------------------------------ (c) bad input
 def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     config = load_config(None, SMALL)

@@ -94,3 +94,27 @@ def test_trl_and_verl_refuse_them_by_name(estimator: str) -> None:
     assert estimator not in verl_estimator_names()
     with pytest.raises(ValueError, match="Monte-Carlo continuations"):
         settings_from_algorithm({"adv_estimator": estimator, "gear": {}})
+
+
+def test_the_credit_check_scores_them_on_their_own_continuations(tmp_path, capsys) -> None:
+    """The credit check scores SPO-chain and VinePPO like any estimator: each row's values come
+    from its own continuations (``monte_carlo_extras``, another random stream than the truth's),
+    so its credit is an independent estimate held to the truth; a rerun gives the same scores."""
+    import json
+
+    from gear_rl.cli import main
+
+    out = tmp_path / "cc"
+    args = ["credit-check", "model=tiny-random", "task=products", "train_size=8",
+            "eval.size=2", "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6",
+            "groups=2", "per_group=2", "mixed_only=false", "continuations=3",
+            "estimators=grpo,spo_chain,vineppo", "variant.vine2.estimator=vineppo",
+            "variant.vine2.credit.mc_samples=2", "progress=false", "bootstrap=20", f"out={out}"]
+    assert main(args) == 0
+    data = json.loads((out / "credit_check.json").read_text())
+    labels = [r["label"] for r in data["scores"]["rows"]]
+    assert labels == ["grpo", "spo_chain", "vineppo", "vine2"]
+    assert "spo_chain" not in data["skipped"] and "vineppo" not in data["skipped"]
+    assert main(args) == 0
+    assert json.loads((out / "credit_check.json").read_text())["scores"] == data["scores"]
+    capsys.readouterr()

@@ -36,7 +36,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -83,7 +83,7 @@ from gear_rl.signals import TeacherPromptConfig
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
-from gear_rl.train.episodes import collect, step_extras, task_reward_fn
+from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_reward_fn
 from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
 from gear_rl.train.scoring import (
     SignalPass,
@@ -155,9 +155,9 @@ def _inapplicable(estimator: Estimator, config: Any = None, *, turns: bool = Fal
     missing = sorted(set(estimator.needs) - _PROVIDED)
     if missing:
         return f"it needs {missing}, which the signal pass does not provide"
-    if estimator.mc_boundaries is not None:
-        return ("its credit comes from its own Monte-Carlo values (gear-rl train's values "
-                "phase); the check does not yet draw an independent estimate for it")
+    if estimator.mc_boundaries is not None and turns:
+        return ("its credit comes from Monte-Carlo continuations of single responses (gear-rl "
+                "train's values phase), which multi-turn episodes do not have yet")
     return None
 
 
@@ -378,14 +378,22 @@ def _step_extras(row: EstimatorRow, trajectories: list[dict[str, Any]],
                        states) or {}
 
 
+MonteCarloFn = Callable[[EstimatorRow, int, list[int], CreditBatch], dict[str, Any]]
+"""``mc(row, batch_number, members, batch) -> extras``: a Monte-Carlo row's values of one
+batch (``gear_rl.train.episodes.monte_carlo_extras``, drawn independently of the truth)."""
+
+
 def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: torch.Tensor,
                 groups: list[int], batches: list[list[int]], step: int,
-                trajectories: list[dict[str, Any]]) -> torch.Tensor:
+                trajectories: list[dict[str, Any]],
+                mc: MonteCarloFn | None = None) -> torch.Tensor:
     """``[N, T]`` the row's token advantages, computed batch by batch as a training step
     would (a batch-level rule such as top-entropy's cut sees one step's groups);
-    ``trajectories`` are the sampled rows (a step-level estimator reads their turns)."""
+    ``trajectories`` are the sampled rows (a step-level estimator reads their turns); ``mc``
+    gives a Monte-Carlo estimator (SPO-chain, VinePPO) its values, as the trainer's values
+    phase does."""
     out = torch.zeros_like(signals["mask"])
-    for members in batches:
+    for number, members in enumerate(batches):
         index = torch.tensor(members)
         batch = CreditBatch(
             rewards=rewards[index], group_ids=[groups[i] for i in members],
@@ -394,6 +402,10 @@ def _advantages(row: EstimatorRow, signals: dict[str, torch.Tensor], rewards: to
             student_logprobs=signals["student_logprobs"][index],
             teacher_logprobs=signals["teacher_logprobs"][index], step=step,
             applies_update_mask=True, extras=_step_extras(row, trajectories, members))
+        if row.estimator.mc_boundaries is not None:
+            if mc is None:
+                raise ValueError(f"row {row.label!r} needs Monte-Carlo values (mc=)")
+            batch.extras = {**(batch.extras or {}), **mc(row, number, members, batch)}
         advantages = row.estimator(batch, row.config).float()
         # an update-time selection (top-entropy's micro_batch) keeps only the tokens it
         # selects by the policy's entropy, here over the whole step batch
@@ -730,8 +742,20 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
     outcome = outcome_advantages(
         CreditBatch(rewards=rewards, group_ids=groups, mask=base["mask"]), OutcomeConfig())
     credit_step = checkpoint_step + 1
+
+    def mc(row: EstimatorRow, number: int, members: list[int], batch: CreditBatch
+           ) -> dict[str, Any]:  # a Monte-Carlo row's own values, independent of the truth's
+        return monte_carlo_extras(
+            row.estimator, row.config, batch, sampler=runtime.sampler,
+            tokenizer=runtime.tokenizer, task=task, problems=[problems[i] for i in members],
+            prompt_ids=[rows[i]["prompt_ids"] for i in members],
+            response_ids=[rows[i]["response_ids"] for i in members],
+            finished=[rows[i]["finished"] for i in members], rollout=rollout,
+            stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
+            seed=sequence_seed(check.seed, 5, number)).extras
+
     advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)], rewards,
-                                         groups, batch_rows, credit_step, rows)
+                                         groups, batch_rows, credit_step, rows, mc)
                   for row in rows_plan}
     segments = {row.label: gear_segments(signal_cache[_signal_key(row.signals)]["divergence"],
                                          signal_cache[_signal_key(row.signals)]["entropy"],

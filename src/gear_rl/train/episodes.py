@@ -30,7 +30,8 @@ from gear_rl.tasks import Problem, Task
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Rows", "collect", "decode_response", "step_extras", "task_turns", "turn_rewards"]
+__all__ = ["MonteCarloExtras", "Rows", "collect", "decode_response", "monte_carlo_extras",
+           "step_extras", "task_reward_fn", "task_turns", "turn_rewards"]
 
 
 def task_turns(task: Task) -> int | None:
@@ -55,6 +56,73 @@ def task_reward_fn(task: Task, problem: Problem,
         return task.score(problem, decode_response(tokenizer, response_ids, finished))
 
     return reward
+
+
+@dataclass
+class MonteCarloExtras:
+    """What the values phase hands a Monte-Carlo estimator (:func:`monte_carlo_extras`).
+
+    Attributes:
+        extras: ``{"token_texts": B lists of each response token's text, "mc_values": B lists,
+            one V per boundary the estimator named}`` (``CreditBatch.extras``).
+        tokens: continuation tokens sampled.
+        boundaries_per_response: mean boundaries named per response.
+    """
+
+    extras: dict[str, Any]
+    tokens: int
+    boundaries_per_response: float
+
+
+def monte_carlo_extras(estimator: Any, credit_config: Any, batch: Any, *, sampler: Any,
+                       tokenizer: Any, task: Task, problems: Sequence[Problem],
+                       prompt_ids: Sequence[Sequence[int]],
+                       response_ids: Sequence[Sequence[int]], finished: Sequence[bool],
+                       rollout: Any, stop_ids: Sequence[int], pad_id: int,
+                       seed: int) -> MonteCarloExtras:
+    """The Monte-Carlo values of one batch of single-turn rows at the boundaries
+    ``estimator.mc_boundaries`` names (SPO-chain, VinePPO): ``V`` of the prompt and the first
+    ``b`` response tokens is the mean reward of ``credit_config.mc_samples`` continuations by
+    ``sampler`` at the rollout's temperature, top-p and remaining budget
+    (:func:`gear_rl.mc_values.estimate_values`: every row's continuations decode together,
+    ``rollout.mc_batch_size`` rows at a time, identical prefixes sampled once under
+    ``credit_config.dedupe_prefixes``), scored by the task (:func:`task_reward_fn`). The
+    trainer's values phase and the credit check's Monte-Carlo rows both call it.
+
+    Args:
+        estimator: a registered estimator with ``mc_boundaries``.
+        credit_config: its config (``mc_samples``, ``dedupe_prefixes``).
+        batch: the rows' :class:`~gear_rl.credit.CreditBatch` (``B`` rows); its ``extras``
+            gain ``token_texts`` before the boundaries are asked for.
+        sampler, tokenizer, task, problems: the policy's sampler, its tokenizer, the task and
+            each row's problem.
+        prompt_ids, response_ids, finished: the ``B`` rows.
+        rollout: the :class:`~gear_rl.train.config.RolloutConfig` the rows were sampled with.
+        stop_ids, pad_id: the sampler's.
+        seed: the continuations' random stream.
+    """
+    from gear_rl.mc_values import Trajectory, estimate_values
+
+    if estimator.mc_boundaries is None:
+        raise ValueError(f"estimator {estimator.name!r} has no Monte-Carlo boundaries")
+    texts = [[tokenizer.decode([t], skip_special_tokens=True) for t in row]
+             for row in response_ids]
+    batch.extras = {**(batch.extras or {}), "token_texts": texts}
+    boundaries = estimator.mc_boundaries(batch, credit_config)
+    rows = [row for row, bounds in enumerate(boundaries) if bounds]
+    estimates = estimate_values(
+        sampler,
+        [Trajectory(prompt_ids[row], response_ids[row], finished[row], boundaries[row],
+                    task_reward_fn(task, problems[row], tokenizer)) for row in rows],
+        samples=credit_config.mc_samples, max_new_tokens=rollout.max_new_tokens,
+        stop_ids=stop_ids, pad_id=pad_id, temperature=rollout.temperature, top_p=rollout.top_p,
+        seeds=(seed,), batch_size=rollout.mc_batch_size, dedupe=credit_config.dedupe_prefixes)
+    values: list[list[float]] = [[] for _ in boundaries]
+    for row, estimate in zip(rows, estimates, strict=True):
+        values[row] = estimate.values().tolist()
+    return MonteCarloExtras({"token_texts": texts, "mc_values": values},
+                            sum(estimate.tokens for estimate in estimates),
+                            sum(map(len, boundaries)) / max(len(boundaries), 1))
 
 
 def step_extras(step_spans: list[list[tuple[int, int]]] | None,

@@ -50,12 +50,11 @@ import numpy as np
 import torch
 
 from gear_rl.credit import get_estimator
-from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.seeding import derive_seed
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
 from gear_rl.train.config import TrainConfig
-from gear_rl.train.episodes import collect, step_extras, task_reward_fn, task_turns
+from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_turns
 from gear_rl.train.memory import MemoryPolicy
 from gear_rl.train.records import batch_metrics, format_summary, sample_records, summarize
 from gear_rl.train.runtime import (
@@ -309,39 +308,27 @@ class Trainer:
         SPO-chain, VinePPO): at each boundary ``b`` the estimator names, ``V`` of the prompt
         and the first ``b`` response tokens is the mean reward of ``mc_samples`` continuations
         of that prefix by the sampler, at the rollout's temperature, top-p and remaining budget
-        (:func:`gear_rl.mc_values.estimate_values`, the credit check's estimator: the
-        continuations of every trajectory decode together, ``rollout.mc_batch_size`` rows at a
-        time; identical prefixes are sampled once under ``credit.dedupe_prefixes``).
+        (:func:`gear_rl.train.episodes.monte_carlo_extras`, which the credit check's
+        Monte-Carlo rows call too: the continuations of every trajectory decode together,
+        ``rollout.mc_batch_size`` rows at a time; identical prefixes are sampled once under
+        ``credit.dedupe_prefixes``).
         Writes ``batch.extras["token_texts"]``, ``["mc_values"]`` (``B`` lists, one ``V`` per
         boundary) and the phase's counts into ``batch.rollout_metrics``; nothing for other
         estimators."""
-        boundaries_of = self.estimator.mc_boundaries
-        if boundaries_of is None:
+        if self.estimator.mc_boundaries is None:
             return
-        rollout, runtime = self.config.rollout, self.runtime
-        texts = [[self.tokenizer.decode([t], skip_special_tokens=True) for t in row]
-                 for row in batch.response_ids]
-        batch.extras = {**(batch.extras or {}), "token_texts": texts}
-        boundaries = boundaries_of(scores.credit_batch(batch), self.credit_config)
-        rows = [row for row, bounds in enumerate(boundaries) if bounds]
-        estimates = estimate_values(
-            runtime.sampler,
-            [Trajectory(batch.prompt_ids[row], batch.response_ids[row], batch.finished[row],
-                        boundaries[row],
-                        task_reward_fn(self.task, batch.problems[row], self.tokenizer))
-             for row in rows],
-            samples=self.credit_config.mc_samples, max_new_tokens=rollout.max_new_tokens,
-            stop_ids=runtime.stop_ids, pad_id=runtime.pad_id, temperature=rollout.temperature,
-            top_p=rollout.top_p, seeds=(derive_seed(self.config.seed, 3, step),),
-            batch_size=rollout.mc_batch_size, dedupe=self.credit_config.dedupe_prefixes)
-        values: list[list[float]] = [[] for _ in boundaries]
-        for row, estimate in zip(rows, estimates, strict=True):
-            values[row] = estimate.values().tolist()
-        tokens = sum(estimate.tokens for estimate in estimates)
-        batch.extras["mc_values"] = values
-        batch.rollout_metrics = {**(batch.rollout_metrics or {}), "mc/tokens": float(tokens),
-                                 "mc/boundaries_per_response": sum(map(len, boundaries))
-                                 / max(len(boundaries), 1)}
+        runtime = self.runtime
+        credit_batch = scores.credit_batch(batch)
+        found = monte_carlo_extras(
+            self.estimator, self.credit_config, credit_batch, sampler=runtime.sampler,
+            tokenizer=self.tokenizer, task=self.task, problems=batch.problems,
+            prompt_ids=batch.prompt_ids, response_ids=batch.response_ids,
+            finished=batch.finished, rollout=self.config.rollout, stop_ids=runtime.stop_ids,
+            pad_id=runtime.pad_id, seed=derive_seed(self.config.seed, 3, step))
+        batch.extras = {**(batch.extras or {}), **found.extras}
+        batch.rollout_metrics = {**(batch.rollout_metrics or {}),
+                                 "mc/tokens": float(found.tokens),
+                                 "mc/boundaries_per_response": found.boundaries_per_response}
 
     # ------------------------------------------------------------------ 3. credit
     def credit(self, batch: StepBatch, scores: Scores, step: int | None = None) -> torch.Tensor:
