@@ -1,15 +1,18 @@
-"""What decoding every trajectory's Monte-Carlo continuations together buys the values phase
-(issue 39): :func:`gear_rl.mc_values.estimate_values` on one step's trajectories of the bundled
-SmolLM2-135M, against the same estimator called one trajectory at a time (what the trainer's
-values phase did before: each trajectory's cuts in their own decoding batches).
+"""What the Monte-Carlo values phase's sampler buys (issue 39): :func:`gear_rl.mc_values.
+estimate_values` on one step's trajectories of the bundled SmolLM2-135M, against per-cut
+``model.generate`` and against the same estimator called one trajectory at a time (what the
+trainer's values phase did before: each trajectory's cuts in their own decoding batches).
 
 One training batch is rolled out and scored by the trainer (``estimator=spo_chain`` or
 ``vineppo``; the default task, or grpo_weak's task with ``--task products_work``), its
 boundaries taken from the estimator; then, on those trajectories, each method runs
 ``--repeats`` times, the methods alternating:
 
+- ``per_cut_generate``: the baseline, ``model.generate(prefix, num_return_sequences=K,
+  do_sample=True, max_new_tokens=budget)`` for every open boundary of every trajectory, each
+  prefix prefilled on its own (what a Monte-Carlo values phase costs without this sampler);
 - ``per_trajectory``: ``estimate_values`` on each trajectory alone (all its cuts in one
-  decoding batch);
+  decoding batch, one prefill of its sequence), without deduplication;
 - ``batched_<R>_no_dedupe``: ``estimate_values`` on all trajectories at once, ``R``
   continuation rows per decoding batch (``rollout.mc_batch_size``, its default), every
   trajectory's boundaries estimated on their own;
@@ -18,8 +21,8 @@ boundaries taken from the estimator; then, on those trajectories, each method ru
   default), for each ``R`` in ``--rows``.
 
 Each run samples ``mc_samples`` continuations per open boundary with its own seed. Prints the
-median seconds, continuation tokens per second and the ratio of each method's median time to
-``per_trajectory``'s, and one JSON line. The phase is 80-94% of an SPO-chain or VinePPO step
+median seconds, continuation tokens per second and the ratio of ``per_cut_generate``'s median
+time to each method's, and one JSON line. The phase is 80-94% of an SPO-chain or VinePPO step
 (``benchmarks/values_phase.py``), so its ratio is close to the step's.
 
 Run:  python benchmarks/values_batching.py [--estimator spo_chain] [--task default]
@@ -38,6 +41,8 @@ import tempfile
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch
 
 from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.train import Trainer, load_config
@@ -96,7 +101,34 @@ def main(argv: list[str] | None = None) -> int:
                         **settings))
                 return run
 
-            methods = {"per_trajectory": per_trajectory,
+            stop_set = set(trainer.stop_ids)
+
+            @torch.no_grad()
+            def per_cut_generate(seed: int) -> int:
+                torch.manual_seed(seed)
+                total = 0
+                for item in items:
+                    prefix = [*item.prompt_ids, *item.response_ids]
+                    for b in item.boundaries:
+                        budget = rollout.max_new_tokens - b
+                        if b == len(item.response_ids) or budget < 1:
+                            continue  # terminal: nothing to sample
+                        cut = len(item.prompt_ids) + b
+                        inputs = torch.tensor([prefix[:cut]])
+                        out = trainer.sampler.generate(
+                            input_ids=inputs, attention_mask=torch.ones_like(inputs),
+                            do_sample=True, num_return_sequences=settings["samples"],
+                            max_new_tokens=budget, temperature=rollout.temperature,
+                            top_p=rollout.top_p, top_k=0, eos_token_id=trainer.stop_ids,
+                            pad_token_id=trainer.pad_id)
+                        for row in out[:, cut:].tolist():
+                            kept = next((i + 1 for i, t in enumerate(row) if t in stop_set),
+                                        len(row))
+                            total += kept
+                return total
+
+            methods = {"per_cut_generate": per_cut_generate,
+                       "per_trajectory": per_trajectory,
                        f"batched_{rollout.mc_batch_size}_no_dedupe":
                            batched(rollout.mc_batch_size, dedupe=False)}
             methods.update({f"batched_{r}": batched(int(r)) for r in args.rows.split(",")})
@@ -111,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{tokens[name][-1]} tokens", file=sys.stderr, flush=True)
         finally:
             trainer.close()
-    base = statistics.median(seconds["per_trajectory"])
+    base = statistics.median(seconds["per_cut_generate"])
     rows = {}
     opened = sum(len(item.boundaries) for item in items)
     print(f"{args.task} / {args.estimator}: {len(items)} trajectories, {opened} boundaries, "
@@ -121,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = statistics.median(t / s for t, s in zip(tokens[name], seconds[name],
                                                          strict=True))
         rows[name] = {"seconds": med, "tok_per_s": rate, "speedup": base / med}
-        print(f"{name:16s} {med:7.2f} s  {rate:7.0f} tok/s  {base / med:5.2f}x per_trajectory")
+        print(f"{name:24s} {med:7.2f} s  {rate:7.0f} tok/s  {base / med:5.2f}x per_cut_generate")
     print(json.dumps({"machine": cpu_model(), "task": args.task, "estimator": args.estimator,
                       "repeats": args.repeats, "rows": rows}))
     return 0
