@@ -102,8 +102,8 @@ def test_verl_jsonl_and_parquet(tmp_path) -> None:
     jsonl = tmp_path / "train.jsonl"
     jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     parquet = tmp_path / "test.parquet"
-    pq.write_table(pa.Table.from_pylist(rows[:4]), parquet)
-    assert load_rows(parquet)[1]["reward_model"]["ground_truth"] == "2"
+    pq.write_table(pa.Table.from_pylist(_rows(14)[10:]), parquet)  # prompts train lacks
+    assert load_rows(parquet)[1]["reward_model"]["ground_truth"] == "22"
 
     task = load_task(str(jsonl), eval_path=str(parquet), eval_size=3)
     assert len(task.train) == 10 and len(task.eval) == 3

@@ -184,5 +184,5 @@ def test_task_from_toolrl_layout_file(tmp_path):
     assert paper.score(problem, response(weather(city="Paris", unit="celsius"))) == 4.0
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"instruction": "x", "input": "y"}))
-    with pytest.raises(ValueError, match="row 0"):
+    with pytest.raises(ValueError, match=f"{bad} line 1: needs"):
         toolrl_task(bad)

@@ -121,8 +121,8 @@ def test_math_reward_scores_the_final_turn_of_a_tool_rollout():
     (72, "\\boxed{72}", 1.0),
     (np.int64(72), "\\boxed{72}", 1.0),
     (0.5, "\\boxed{\\frac{1}{2}}", 1.0),
-    (["72", "73"], "\\boxed{72}", 1.0),       # a list is read by its first element
-    (["72", "73"], "\\boxed{73}", 0.0),
+    (["72"], "\\boxed{72}", 1.0),             # a one-element list is read by its element
+    (72.0, "\\boxed{72}", 1.0),
     (np.array(["9"], dtype=object), "9", 1.0),
 ])
 def test_math_reward_ground_truth_types(ground_truth, response, expected):
@@ -139,6 +139,7 @@ def test_math_reward_ground_truth_types(ground_truth, response, expected):
     ([], "empty list"),
     ("   ", "blank"),
     ([["72"]], "list"),
+    (["72", "73"], "list of 2 answers"),
 ])
 def test_math_reward_refuses_bad_ground_truths(ground_truth, message):
     with pytest.raises(ValueError, match=message):

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -144,35 +144,119 @@ class Task:
         return float(self.scorer(problem, response))
 
 
+Located = tuple[str, Problem]
+"""A file's problem with its place in the file (``"PATH line N"``, ``"PATH row N"``)."""
+
+
+def prompt_key(prompt: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """What the policy sees of a problem: its messages' roles and contents, exactly. Two rows
+    with the same key are one problem (:func:`distinct_problems`)."""
+    return tuple((str(message["role"]), str(message["content"])) for message in prompt)
+
+
+def _repeats_note(repeats: list[tuple[str, Problem, str, Problem]]) -> str:
+    """``"first: PLACE repeats PLACE"`` and, when some answers differ, how many and the first
+    such pair with both answers."""
+    place, _, first_place, _ = repeats[0]
+    note = f"first: {place} repeats {first_place}"
+    conflicts = [r for r in repeats if r[1].answer.strip() != r[3].answer.strip()]
+    if conflicts:
+        place, problem, first_place, first = conflicts[0]
+        note += (f"; {len(conflicts)} of them with another answer than the row kept, first "
+                 f"{place} ({problem.answer!r:.40}) against {first_place} "
+                 f"({first.answer!r:.40}): check those rows")
+    return note
+
+
+def distinct_problems(
+    located: Iterable[Located],
+    *,
+    split: str,
+    source: str,
+    limit: int | None = None,
+) -> list[Located]:
+    """One file's problems (with their places) once each, ids unique within the file.
+
+    A problem is what the policy sees: its prompt (:func:`prompt_key`). A row whose prompt
+    repeats an earlier row's is dropped (the first row is kept, as the verl data converter
+    keeps it), and one warning counts the dropped rows and, separately, those whose answer
+    differs from the kept row's: a repeated problem would otherwise be trained on more often
+    than the rest, or held out and trained on at once. ``located`` is read lazily, in file
+    order, until ``limit`` distinct problems are held (None: every row), so rows past the
+    limit are never converted. Ids are made unique over the rows read
+    (:func:`unique_problem_ids`) before any is dropped.
+    """
+    read: list[Located] = []
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    rows = iter(located)
+    while limit is None or len(seen) < limit:  # checked before the next row is converted
+        item = next(rows, None)
+        if item is None:
+            break
+        read.append(item)
+        seen.add(prompt_key(item[1].prompt))
+    renamed = unique_problem_ids([problem for _, problem in read], split=split, source=source)
+    kept: dict[tuple[tuple[str, str], ...], Located] = {}
+    repeats: list[tuple[str, Problem, str, Problem]] = []
+    for (place, _), problem in zip(read, renamed, strict=True):
+        first = kept.setdefault(prompt_key(problem.prompt), (place, problem))
+        if first[1] is not problem:
+            repeats.append((place, problem, *first))
+    if repeats:
+        warnings.warn(f"{source}: {len(repeats)} row(s) repeat the prompt of an earlier row "
+                      f"and are left out, so each problem counts once "
+                      f"({_repeats_note(repeats)})", stacklevel=2)
+    return list(kept.values())
+
+
 def split_train_eval(
-    problems: list[Problem],
-    held_out: list[Problem] | None,
+    problems: Sequence[Located],
+    held_out: Sequence[Located] | None,
     *,
     eval_size: int,
     seed: int,
     train_size: int | None,
     source: str,
 ) -> tuple[list[Problem], list[Problem]]:
-    """Training and held-out problems of a file-backed task.
+    """Training and held-out problems of a file-backed task, no held-out prompt trained on.
 
-    With ``held_out`` given (a separate evaluation file), train on all of ``problems``;
-    otherwise hold out ``min(eval_size, len(problems) // 2)`` of them, chosen by ``seed``, so no
-    held-out problem is trained on. ``train_size`` caps the training problems (None: all).
-    ``source`` names the file in errors.
+    ``problems`` and ``held_out`` are files' distinct problems with their places
+    (:func:`distinct_problems`). With ``held_out`` given (a separate evaluation file), train on
+    the problems whose prompt is not held out (the others are dropped, with a warning);
+    otherwise hold out ``min(eval_size, len(problems) // 2)`` of them, chosen by ``seed``.
+    ``train_size`` caps the training problems (None: all). ``source`` names the training file
+    in errors.
     """
     import random
 
     if held_out is None:
         if len(problems) < 2:
-            raise ValueError(f"train_path {source!r}: need at least 2 rows to hold some out")
+            raise ValueError(f"train_path {source!r}: {len(problems)} distinct problem(s) (rows "
+                             "with the same prompt count once); need at least 2 to hold some "
+                             "out, or give a separate eval_path")
         order = list(range(len(problems)))
         random.Random(seed).shuffle(order)
         cut = min(eval_size, len(problems) // 2)
         held_out = [problems[i] for i in sorted(order[:cut])]
         problems = [problems[i] for i in sorted(order[cut:])]
+    else:
+        held = {prompt_key(problem.prompt): (place, problem) for place, problem in held_out}
+        overlap = [(place, problem, *held[prompt_key(problem.prompt)])
+                   for place, problem in problems if prompt_key(problem.prompt) in held]
+        if overlap:
+            problems = [(place, problem) for place, problem in problems
+                        if prompt_key(problem.prompt) not in held]
+            if not problems:
+                raise ValueError(f"train_path {source!r}: all {len(overlap)} of its problems "
+                                 "are also in the held-out file; give training rows the "
+                                 "held-out file does not hold")
+            warnings.warn(f"{source}: {len(overlap)} training row(s) have the prompt of a "
+                          f"held-out problem and are left out of training "
+                          f"({_repeats_note(overlap)})", stacklevel=2)
+    train = [problem for _, problem in problems]
     if train_size is not None:
-        problems = problems[:train_size]
-    return problems, held_out
+        train = train[:train_size]
+    return train, [problem for _, problem in held_out]
 
 
 

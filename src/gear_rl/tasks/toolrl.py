@@ -52,10 +52,11 @@ from typing import Any, Literal
 
 from gear_rl.tasks.base import (
     DEFAULT_EVAL_SIZE,
+    Located,
     Problem,
     Task,
+    distinct_problems,
     split_train_eval,
-    unique_problem_ids,
 )
 
 __all__ = [
@@ -327,26 +328,43 @@ def _reference(gold: str) -> tuple[str, str]:
     return (response.group(0) if response else gold.strip()), "answer"
 
 
-def toolrl_problem(row: Mapping[str, Any], index: int, split: str = "train") -> Problem:
-    """One ToolRL row (raw ``instruction``/``input``/``output`` or verl-converted) as a Problem."""
-    where = f"{split} row {index}"
+def toolrl_problem(row: Mapping[str, Any], index: int, split: str = "train",
+                   where: str = "") -> Problem:
+    """One ToolRL row (raw ``instruction``/``input``/``output`` or verl-converted) as a Problem.
+
+    ``where`` names the row in errors (default ``"SPLIT row INDEX"``). Raw rows need three
+    strings and a non-blank ``input``; a verl-converted row's ``prompt`` follows
+    :func:`gear_rl.tasks.verl_data.chat_prompt`. The gold output (``output`` or
+    ``reward_model.ground_truth``) must be non-blank text; any other type is refused, naming
+    the field.
+    """
+    from gear_rl.tasks.verl_data import chat_prompt
+
+    where = where or f"{split} row {index}"
     if "output" in row:
         for key in ("instruction", "input", "output"):
             if not isinstance(row.get(key), str):
-                raise ValueError(f"{where}: '{key}' must be a string")
+                raise ValueError(f"{where}: '{key}' must be a string, got "
+                                 f"{type(row.get(key)).__name__}")
+        if not row["input"].strip():
+            raise ValueError(f"{where}: 'input' (the user turn) is blank; give the request or "
+                             "drop the row")
         messages = ([{"role": "system", "content": row["instruction"]}]
                     if row["instruction"].strip() else [])
         messages.append({"role": "user", "content": row["input"]})
-        gold = row["output"]
+        gold, gold_field = row["output"], "output"
     elif "prompt" in row and isinstance(row.get("reward_model"), Mapping):
-        prompt = row["prompt"]
-        if isinstance(prompt, str):
-            prompt = [{"role": "user", "content": prompt}]
-        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
-        gold = str(row["reward_model"].get("ground_truth", ""))
+        messages = chat_prompt(row["prompt"], where)
+        gold, gold_field = row["reward_model"].get("ground_truth"), "reward_model.ground_truth"
+        if not isinstance(gold, str):
+            raise ValueError(f"{where}: '{gold_field}' must be ToolRL's gold output text (with "
+                             f"<tool_call> or <response>), got {type(gold).__name__}")
     else:
         raise ValueError(f"{where}: needs 'instruction'/'input'/'output' (ToolRL) or "
                          "'prompt' and 'reward_model.ground_truth' (verl)")
+    if not gold.strip():
+        raise ValueError(f"{where}: '{gold_field}' (the gold output) is blank; give the gold "
+                         "<tool_call> or <response> or drop the row")
     try:
         extract_tool_calls(gold)
     except (ValueError, TypeError) as exc:
@@ -355,6 +373,17 @@ def toolrl_problem(row: Mapping[str, Any], index: int, split: str = "train") -> 
     return Problem(id=f"{split}/{row.get('id', index)}", prompt=messages, answer=gold,
                    reference=reference, reference_kind=kind,
                    data_source=str(row.get("data_source", "toolrl")))
+
+
+def _located_toolrl_problems(path: str | Path, split: str,
+                             limit: int | None = None) -> list[Located]:
+    """A ToolRL file's distinct problems (the first ``limit``; None: all) with their places
+    (:func:`gear_rl.tasks.base.distinct_problems`)."""
+    from gear_rl.tasks.verl_data import located_rows
+
+    return distinct_problems(((where, toolrl_problem(row, index, split, where))
+                              for index, (where, row) in enumerate(located_rows(path))),
+                             split=split, source=str(path), limit=limit)
 
 
 def toolrl_task(
@@ -373,8 +402,10 @@ def toolrl_task(
 
     Args:
         train_path: training rows; ``eval_path``: held-out rows (None: hold out ``eval_size``
-            rows of ``train_path`` chosen by ``seed``).
-        train_size: keep at most this many training rows.
+            problems of ``train_path`` chosen by ``seed``). Rows repeating an earlier row's
+            prompt, and training rows with a held-out prompt, are left out with a warning
+            (:func:`gear_rl.tasks.base.split_train_eval`).
+        train_size: keep at most this many training problems.
         reward_scale: ``"unit"`` (default) scores ``(R + 3) / 7`` in [0, 1], so a fully correct
             response scores exactly 1 as the trainer's accuracy expects; GRPO's std-normalised
             advantages are unchanged by this affine map (Dr.GRPO's are scaled by 1/7).
@@ -383,17 +414,13 @@ def toolrl_task(
     """
     if reward_scale not in ("unit", "paper"):
         raise ValueError(f"reward_scale must be 'unit' or 'paper', got {reward_scale!r}")
-    rows = load_toolrl_rows(train_path)
-    problems = unique_problem_ids([toolrl_problem(row, i, "train") for i, row in enumerate(rows)],
-                                  split="train", source=str(train_path))
-    held_out = None
+    located = _located_toolrl_problems(train_path, "train")
+    located_held_out = None
     if eval_path is not None:
-        held_out = unique_problem_ids(
-            [toolrl_problem(row, i, "eval")
-             for i, row in enumerate(load_toolrl_rows(eval_path)[:eval_size])],
-            split="eval", source=str(eval_path))
-    problems, held_out = split_train_eval(problems, held_out, eval_size=eval_size, seed=seed,
-                                          train_size=train_size, source=str(train_path))
+        located_held_out = _located_toolrl_problems(eval_path, "eval", limit=eval_size)
+    problems, held_out = split_train_eval(located, located_held_out, eval_size=eval_size,
+                                          seed=seed, train_size=train_size,
+                                          source=str(train_path))
 
     def scorer(problem: Problem, response: str) -> float:
         score = toolrl_reward(response, problem.answer, require_think=require_think,

@@ -6,21 +6,27 @@ them). Answers are checked with ``math-verify`` (see ``gear_rl.tasks.math_check`
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gear_rl.dataclass_config import check_file
 from gear_rl.tasks.answers import extract_answer
 from gear_rl.tasks.base import (
     DEFAULT_EVAL_SIZE,
+    Located,
     Problem,
     Task,
+    distinct_problems,
     split_train_eval,
-    unique_problem_ids,
 )
 from gear_rl.tasks.math_check import math_equal
 
-__all__ = ["file_problems", "load_rows", "located_rows", "row_problem", "verl_task"]
+__all__ = ["chat_prompt", "file_problems", "gold_answer", "load_rows", "located_problems",
+           "located_rows", "row_problem", "verl_task"]
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
 REQUIRED_COLUMNS = ("prompt", "reward_model")
@@ -37,9 +43,7 @@ def located_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """The rows of :func:`load_rows`, each with its place in the file for error messages:
     ``"PATH line N"`` for jsonl (the 1-based line, blank lines counted) and ``"PATH row N"``
     (1-based) for parquet and json."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"dataset file {str(path)!r} does not exist")
+    path = check_file(path, "dataset file")  # missing, or a directory, a FIFO...: say which
     if path.suffix == ".parquet":
         return [(f"{path} row {number}", row)
                 for number, row in enumerate(_parquet_rows(path), 1)]
@@ -110,55 +114,178 @@ def _object_row(row: Any, where: str) -> dict[str, Any]:
     return row
 
 
+def _plain(value: Any) -> Any:
+    """A numpy array or scalar (how verl hands over a parquet value) as Python values."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return value.tolist()
+    return value
+
+
+def _type_of(value: Any) -> str:
+    """``value``'s type and a short repr, for errors: ``"bytes (b'2')"``."""
+    return f"{type(value).__name__} ({value!r:.80})"
+
+
+def _number_text(value: Any) -> str:
+    """A finite int, float or Decimal as positional decimal text: ``72.0`` -> ``"72"``,
+    ``1e-07`` -> ``"0.0000001"`` (math-verify would read ``1e-07`` as ``1 * e - 7``)."""
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if not math.isfinite(value):
+        raise ValueError(f"is not a finite number ({value!r}); give the reference answer")
+    text = format(Decimal(value if isinstance(value, Decimal) else repr(value)).normalize(), "f")
+    return "0" if text == "-0" else text
+
+
+def gold_answer(value: Any) -> str:
+    """A row's ``reward_model.ground_truth`` as the gold answer text the checker compares with
+    (the rules of docs/data.md):
+
+    - a string: as is; blank text is refused (the number fallback would read it as 0);
+    - an int, or a finite float or Decimal: its positional decimal text (``72.0`` -> ``"72"``,
+      ``1e-07`` -> ``"0.0000001"``); NaN and infinities are refused;
+    - a list (or numpy array) of one such value: that value; an empty list, a list of several
+      answers (the checker compares with one) and a list inside a list are refused;
+    - anything else is refused: ``None``, bools, dicts, bytes (a parquet binary column: write
+      the column as strings).
+
+    Raises:
+        ValueError: saying what the value is and what to write instead; the caller prefixes
+            the file, row and field.
+    """
+    value = _plain(value)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError("is an empty list; give the reference answer")
+        if len(value) > 1:
+            raise ValueError(f"is a list of {len(value)} answers ({value!r:.80}); the checker "
+                             "compares with one: keep one answer per row")
+        value = _plain(value[0])
+        if isinstance(value, (list, tuple)):
+            raise ValueError(f"is a list inside a list ({value!r:.80}); give one answer")
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"is blank ({value!r}); give the reference answer or drop the row")
+        return value
+    if isinstance(value, (numbers.Integral, float, Decimal)) and not isinstance(value, bool):
+        return _number_text(value)
+    if isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"is bytes ({value!r:.80}), a binary column; write the column as "
+                         "strings (e.g. pyarrow.string())")
+    raise ValueError(f"must be a string, a number or a one-element list of one, got "
+                     f"{_type_of(value)}")
+
+
+def chat_prompt(value: Any, where: str) -> list[dict[str, str]]:
+    """A row's ``prompt`` as chat messages (the rules of docs/data.md): a string is one user
+    message; a list holds ``{"role", "content"}`` objects whose role is a non-empty string and
+    whose content is a string (``null``, list-form content and other types are refused, never
+    rendered as text); at least one message is a ``user`` message and no user message is blank.
+    Keys other than ``role`` and ``content`` are dropped.
+
+    Raises:
+        ValueError: naming ``where`` (the file and row) and the field (``prompt[1].content``).
+    """
+    value = _plain(value)
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{where}: 'prompt' is blank ({value!r}); give the question or "
+                             "drop the row")
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{where}: 'prompt' must be a string or a non-empty list of "
+                         f"{{'role', 'content'}} messages, got {_type_of(value)}")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+            raise ValueError(f"{where}: 'prompt[{i}]' must be a {{'role', 'content'}} message, "
+                             f"got {_type_of(message)}")
+        role, content = message["role"], message["content"]
+        if not isinstance(role, str) or not role.strip():
+            raise ValueError(f"{where}: 'prompt[{i}].role' must be a non-empty string such as "
+                             f"'user' or 'system', got {_type_of(role)}")
+        if not isinstance(content, str):
+            raise ValueError(f"{where}: 'prompt[{i}].content' must be a string, got "
+                             f"{_type_of(content)}; write the message's text as one string")
+        if role == "user" and not content.strip():
+            raise ValueError(f"{where}: 'prompt[{i}].content' is a blank user message; give "
+                             "the question or drop the row")
+        messages.append({"role": role, "content": content})
+    if not any(message["role"] == "user" for message in messages):
+        raise ValueError(f"{where}: 'prompt' has no user message (roles: "
+                         f"{[m['role'] for m in messages]}); put the question in a "
+                         "{'role': 'user', 'content': ...} message")
+    return messages
+
+
+def _solution(extra: Mapping[str, Any], reward_model: Mapping[str, Any], where: str) -> str | None:
+    """The first non-blank of ``extra_info.solution`` and ``reward_model.solution`` (None when
+    both are absent, null or blank); a value that is not a string is refused."""
+    for field_name, holder in (("extra_info", extra), ("reward_model", reward_model)):
+        solution = _plain(holder.get("solution"))
+        if solution is None:
+            continue
+        if not isinstance(solution, str):
+            raise ValueError(f"{where}: '{field_name}.solution' must be a string, got "
+                             f"{_type_of(solution)}; write the worked solution as text or "
+                             "leave it out")
+        if solution.strip():
+            return solution
+    return None
+
+
 def row_problem(row: Mapping[str, Any], index: int, split: str, where: str = "") -> Problem:
     """One verl row as a :class:`Problem`. The teacher's reference is the row's solution when it
     has one (``extra_info.solution`` / ``reward_model.solution``), else the ground truth.
 
     ``index`` is the row's 0-based position, its id when ``extra_info.index`` is absent;
-    ``where`` names the row in errors (default ``"SPLIT row INDEX"``). An empty ground truth
-    (``""``, whitespace, ``[]``) is refused: the checker's number fallback would read it as 0.
+    ``where`` names the row in errors (default ``"SPLIT row INDEX"``). The prompt follows
+    :func:`chat_prompt` and the ground truth :func:`gold_answer`; a value either refuses is a
+    ``ValueError`` naming ``where`` and the field.
     """
     where = where or f"{split} row {index}"
-    prompt = row.get("prompt")
-    if isinstance(prompt, str):
-        prompt = [{"role": "user", "content": prompt}]
-    if (not isinstance(prompt, list) or not prompt
-            or not all(isinstance(m, Mapping) and "role" in m and "content" in m for m in prompt)):
-        raise ValueError(f"{where}: 'prompt' must be a list of {{'role', 'content'}} messages")
-    reward_model = row.get("reward_model") or {}
+    prompt = chat_prompt(row.get("prompt"), where)
+    reward_model = _plain(row.get("reward_model"))
     if not isinstance(reward_model, Mapping) or reward_model.get("ground_truth") is None:
         raise ValueError(f"{where}: needs 'reward_model': {{'ground_truth': ...}}")
-    ground_truth = reward_model["ground_truth"]
-    if isinstance(ground_truth, (list, tuple)):
-        ground_truth = ground_truth[0] if ground_truth else ""
-    if ground_truth is None or not str(ground_truth).strip():
-        raise ValueError(f"{where}: 'reward_model.ground_truth' is empty "
-                         f"({reward_model['ground_truth']!r}); give the reference answer or drop "
-                         "the row")
-    extra = row.get("extra_info") or {}
-    if not isinstance(extra, Mapping):
+    try:
+        answer = gold_answer(reward_model["ground_truth"])
+    except ValueError as exc:
+        raise ValueError(f"{where}: 'reward_model.ground_truth' {exc}") from None
+    extra = _plain(row.get("extra_info"))
+    if extra is None:
         extra = {}
-    solution = extra.get("solution") or reward_model.get("solution")
-    solution = str(solution) if solution is not None and str(solution).strip() else None
+    if not isinstance(extra, Mapping):
+        raise ValueError(f"{where}: 'extra_info' must be an object ({{'index': ..., "
+                         f"'solution': ...}}) or absent, got {_type_of(extra)}")
+    solution = _solution(extra, reward_model, where)
     uid = extra.get("index")
+    data_source = row.get("data_source")
     return Problem(
         id=f"{split}/{index if uid is None else uid}",
-        prompt=[{"role": str(m["role"]), "content": str(m["content"])} for m in prompt],
-        answer=str(ground_truth),
-        reference=solution or str(ground_truth),
+        prompt=prompt,
+        answer=answer,
+        reference=solution or answer,
         reference_kind="solution" if solution else "answer",
-        data_source=str(row.get("data_source", "")),
+        data_source="" if data_source is None else str(data_source),
     )
 
 
 def file_problems(path: str | Path, split: str, *, limit: int | None = None) -> list[Problem]:
-    """The problems of a verl-layout file (its first ``limit`` rows; None: all), with ids unique
-    within the file (see :func:`~gear_rl.tasks.base.unique_problem_ids`)."""
+    """The distinct problems of a verl-layout file (its first ``limit``; None: all), with ids
+    unique within the file (see :func:`located_problems`)."""
+    return [problem for _, problem in located_problems(path, split, limit=limit)]
+
+
+def located_problems(path: str | Path, split: str, *, limit: int | None = None) -> list[Located]:
+    """The problems of :func:`file_problems`, each with its place in the file: a row whose
+    prompt repeats an earlier row's is left out with a warning
+    (:func:`~gear_rl.tasks.base.distinct_problems`)."""
     located = located_rows(path)
     _check_columns(located, path)
-    problems = [row_problem(row, index, split, where)
-                for index, (where, row) in enumerate(located[:limit])]
-    return unique_problem_ids(problems, split=split, source=str(path))
+    return distinct_problems(((where, row_problem(row, index, split, where))
+                              for index, (where, row) in enumerate(located)),
+                             split=split, source=str(path), limit=limit)
 
 
 def _check_columns(located: list[tuple[str, dict[str, Any]]], path: str | Path) -> None:
@@ -189,16 +316,23 @@ def verl_task(
 
     Args:
         train_path: training rows.
-        eval_path: held-out rows; None holds out ``eval_size`` rows of ``train_path``, chosen by
-            ``seed``, and trains on the rest.
-        eval_size: held-out rows to keep (the first ``eval_size`` of ``eval_path``).
+        eval_path: held-out rows; None holds out ``eval_size`` problems of ``train_path``,
+            chosen by ``seed``, and trains on the rest.
+        eval_size: held-out problems to keep (the first ``eval_size`` distinct ones of
+            ``eval_path``).
         seed: the hold-out split's shuffle seed.
-        train_size: keep at most this many training rows (None: all).
+        train_size: keep at most this many training problems (None: all).
+
+    A problem is its prompt: rows that repeat an earlier row's prompt are left out, and
+    training rows with a held-out prompt too, each with a warning, so no held-out problem is
+    trained on (:func:`~gear_rl.tasks.base.split_train_eval`).
     """
-    problems = file_problems(train_path, "train")
-    held_out = None if eval_path is None else file_problems(eval_path, "eval", limit=eval_size)
-    problems, held_out = split_train_eval(problems, held_out, eval_size=eval_size, seed=seed,
-                                          train_size=train_size, source=str(train_path))
+    located = located_problems(train_path, "train")
+    located_held_out = None if eval_path is None else located_problems(eval_path, "eval",
+                                                                       limit=eval_size)
+    problems, held_out = split_train_eval(located, located_held_out, eval_size=eval_size,
+                                          seed=seed, train_size=train_size,
+                                          source=str(train_path))
 
     def scorer(problem: Problem, response: str) -> float:
         return float(math_equal(problem.answer, response))

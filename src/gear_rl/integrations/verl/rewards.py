@@ -46,7 +46,6 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.pool
-import numbers
 import os
 import threading
 from collections.abc import Mapping
@@ -54,6 +53,7 @@ from typing import Any, Literal
 
 from gear_rl.tasks import toolrl as _toolrl
 from gear_rl.tasks.math_check import math_equal
+from gear_rl.tasks.verl_data import gold_answer
 
 __all__ = ["compute_score", "digit_share_reward", "math_gold", "math_verify_reward",
            "toolrl_gold", "toolrl_reward"]
@@ -78,33 +78,20 @@ def _plain(value: Any) -> Any:
 
 
 def math_gold(ground_truth: Any) -> str:
-    """The gold answer text of a math row, as ``gear-rl train`` reads ``reward_model.ground_truth``
-    (``gear_rl.tasks.verl_data.row_problem``): a string as is, an integer or a finite float
-    through ``str``, a list or tuple by its first element.
+    """The gold answer text of a math row, exactly as ``gear-rl train`` reads
+    ``reward_model.ground_truth``: ``gear_rl.tasks.verl_data.gold_answer`` (a string as is, a
+    finite number as positional decimal text, a one-element list by its element; the rules are
+    in docs/data.md).
 
     Raises:
-        ValueError: naming the type for a dict, bytes, bool, None, a nested list or any other
-            type; for NaN or an infinite float; for an empty list or a blank answer.
+        ValueError: ``ground_truth`` and the reason ``gold_answer`` gives: for a dict, bytes,
+            bool, None, a nested list or any other type, NaN or an infinite number, an empty
+            list, a list of several answers, or a blank answer.
     """
-    value = _plain(ground_truth)
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise ValueError("ground_truth is an empty list: give the reference answer")
-        value = _plain(value[0])
-    if isinstance(value, str):
-        text = value
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"ground_truth must be a string, a number or a list of them, got "
-                         f"{type(value).__name__} ({value!r:.80})")
-    elif isinstance(value, numbers.Integral):
-        text = str(value)
-    else:
-        if not math.isfinite(float(value)):
-            raise ValueError(f"ground_truth is not a finite number ({value!r})")
-        text = str(value)
-    if not text.strip():
-        raise ValueError(f"ground_truth is blank ({ground_truth!r}): give the reference answer")
-    return text
+    try:
+        return gold_answer(ground_truth)
+    except ValueError as exc:
+        raise ValueError(f"ground_truth {exc}") from None
 
 
 def toolrl_gold(ground_truth: Any) -> str:
@@ -232,8 +219,8 @@ def math_verify_reward(
         data_source, extra_info: as verl passes them; not read.
         solution_str: the decoded response. Malformed text (no answer, unbalanced braces,
             nonsense LaTeX) scores 0.0; an error inside the checker is logged and scores 0.0.
-        ground_truth: ``reward_model.ground_truth`` (see :func:`math_gold`: a string, int or
-            finite float; a list is read by its first element, as ``gear-rl train`` reads it).
+        ground_truth: ``reward_model.ground_truth`` (see :func:`math_gold`: a string, a
+            finite number or a one-element list of one, as ``gear-rl train`` reads it).
         final_turn_only: score only the text after the last ``</tool_response>`` when there is
             one (the final turn of a ``tool_agent`` rollout, as ``gear-rl train`` scores
             tool-integrated math); no effect on single-turn responses.
