@@ -88,6 +88,61 @@ def test_standard_library_and_installed_packages_import(sandbox: PythonSandbox):
     assert result.stdout == "(x - 1)*(x + 1)\n", result
 
 
+def test_what_the_code_defines_pickles_through_its_main_module(sandbox: PythonSandbox):
+    """The code's namespace is the ``__main__`` module in ``sys.modules``, as under
+    ``python -c``: ``multiprocessing.Pool.map`` and ``ProcessPoolExecutor`` on a function the
+    code defines, pickling its classes and resolving its string annotations all work."""
+    result = sandbox.run(
+        "import dataclasses, pickle, sys, typing\n"
+        "from concurrent.futures import ProcessPoolExecutor\nfrom multiprocessing import Pool\n"
+        "def square(x):\n    return x * x\n"
+        "class Point:\n    def __init__(self, x):\n        self.x = x\n"
+        "@dataclasses.dataclass\nclass Pair:\n    a: 'int'\n    b: 'Point'\n"
+        "if __name__ == '__main__':\n"
+        "    with Pool(2) as pool:\n        print(pool.map(square, range(5)))\n"
+        "    with ProcessPoolExecutor(2) as executor:\n"
+        "        print(list(executor.map(square, range(4))))\n"
+        "    print(pickle.loads(pickle.dumps(Point(3))).x, typing.get_type_hints(Pair)['b'])\n"
+        "    print(sys.modules['__main__'].square is square)\n")
+    assert result.stdout.splitlines() == [
+        "[0, 1, 4, 9, 16]", "[0, 1, 4, 9]", "3 <class '__main__.Point'>", "True"], result
+    assert result.ok, result
+
+
+def test_a_failed_set_up_is_a_sandbox_error():
+    """The child's set-up still reports its own failure (a file limit above what the kernel
+    allows), before the code runs and on the channel the code never gets."""
+    with PythonSandbox(workers=1, timeout_s=3.0, max_open_files=1 << 40) as pool:
+        result = pool.run("print('never')")
+        assert (result.limit_hit, result.exit_code, result.stdout) == (
+            "sandbox_error", 126, ""), result
+        assert "sandbox set-up failed" in result.stderr, result
+
+
+def test_limit_labels_follow_what_the_result_shows(sandbox: PythonSandbox):
+    """A limit named by an exception is read from the traceback the result shows (the code has
+    no other channel to the worker): the label agrees with stderr and the exit status."""
+    bomb = sandbox.run("x = bytearray(1 << 34)")
+    assert (bomb.exit_code, bomb.limit_hit) == (1, "memory")
+    assert bomb.stderr.splitlines()[-1] == "MemoryError", bomb
+    caught = sandbox.run("try:\n    x = bytearray(1 << 34)\nexcept MemoryError:\n"
+                         "    print('caught')\n")
+    assert (caught.stdout, caught.limit_hit) == ("caught\n", None), caught
+    printed = sandbox.run("import sys\nprint('MemoryError', file=sys.stderr)\nsys.exit(1)")
+    assert printed.limit_hit == "memory", printed  # indistinguishable from the real one
+    assert sandbox.run("import sys\nprint('MemoryError', file=sys.stderr)").limit_hit is None
+    threads = sandbox.run(
+        "import threading, time\nwhile True:\n"
+        "    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n")
+    # out of processes (32) or out of address space for stacks first: the note says which
+    *_, error, note = threads.stderr.splitlines()
+    assert error == "RuntimeError: can't start new thread", threads
+    assert note.startswith("[sandbox] ") and note.endswith(
+        " processes and threads were running (at most 32)"), threads
+    tasks = int(note.split()[1])
+    assert threads.limit_hit == ("processes" if tasks >= 31 else "memory"), threads
+
+
 def test_run_many_keeps_order_and_is_thread_safe(sandbox: PythonSandbox):
     codes = [f"print({i} * {i})" for i in range(12)]
     assert [r.stdout for r in sandbox.run_many(codes)] == [f"{i * i}\n" for i in range(12)]

@@ -240,10 +240,58 @@ def test_planted_sentinels_are_never_readable_or_listable(pool: PythonSandbox, p
     report = _probe(pool, planted)
     assert report["found"] == [], report["found"]
     assert report["walked"] > 1000, report  # the walk did cover the system directories
-    # only the standard descriptors and the status pipe: nothing that names a host file
-    assert [fd for fd, _kind, _target in report["fds"]] == [0, 1, 2, 3], report["fds"]
+    # only the standard descriptors: nothing that names a host file, and not the worker's
+    # status pipe (closed before the code runs)
+    assert [fd for fd, _kind, _target in report["fds"]] == [0, 1, 2], report["fds"]
     assert {kind for _fd, kind, _target in report["fds"]} <= {"char", "fifo"}, report["fds"]
     assert pool.isolation["allowlist_fs"] and pool.isolation["own_proc"], pool.isolation
+
+
+HOST_PROBE = r'''
+import json, os, socket
+def read(path):
+    try:
+        return sorted(os.listdir(path)) if os.path.isdir(path) else open(path, "rb").read(
+            600).decode("latin-1")
+    except OSError as e:
+        return type(e).__name__
+names = json.loads(NAMES)
+print(json.dumps({"proc": {name: read("/proc/" + name) for name in names},
+                  "hostname": socket.gethostname(), "uname": os.uname().nodename,
+                  "domain": open("/proc/sys/kernel/domainname").read().strip()}))
+'''
+
+
+def test_proc_shows_nothing_of_the_host(pool: PythonSandbox):
+    """What the sandbox's /proc tells about the host: its kernel command line and
+    configuration, modules, disks, hardware, memory and cgroup path show empty (``meminfo``
+    shows the sandbox's memory limit, ``self/cgroup`` the root of its own cgroup namespace),
+    and the host name is the sandbox's own. Every masked name the host has is checked, in both
+    modes; writing to them fails."""
+    from gear_rl.agent.tools._sandbox_worker import PROC_MASKED_DIRS, PROC_MASKED_FILES
+
+    names = [n for n in (*PROC_MASKED_FILES, *PROC_MASKED_DIRS) if os.path.lexists(f"/proc/{n}")]
+    assert "cmdline" in names and "meminfo" not in names and len(names) > 20, names
+    result = pool.run(f"NAMES = {json.dumps([*names, 'meminfo', 'self/cgroup'])!r}\n"
+                      + HOST_PROBE)
+    assert result.ok, result
+    seen = json.loads(result.stdout)
+    proc = seen.pop("proc")
+    for name in names:
+        expected = [] if os.path.isdir(f"/proc/{name}") else ""
+        assert proc[name] == expected, (name, proc[name])
+    assert Path("/proc/cmdline").read_text() and proc["cmdline"] == ""
+    meminfo = dict(line.split(":", 1) for line in proc["meminfo"].splitlines())
+    assert meminfo["MemTotal"].split() == [str(512 * 1024), "kB"], proc["meminfo"]
+    assert meminfo["MemAvailable"].split() == [str(512 * 1024), "kB"], proc["meminfo"]
+    assert proc["self/cgroup"] and all(
+        line.endswith(":/") for line in proc["self/cgroup"].splitlines()), proc["self/cgroup"]
+    assert seen == {"hostname": "sandbox", "uname": "sandbox", "domain": "(none)"}, seen
+    assert pool.isolation["host_info"] is True, pool.isolation
+    written = pool.run("import os\nfor name in ('cmdline', 'meminfo', 'bus/x'):\n    try:\n"
+                       "        open('/proc/' + name, 'w').write('x')\n        print('WROTE')\n"
+                       "    except OSError as e:\n        print(type(e).__name__)")
+    assert "WROTE" not in written.stdout and len(written.stdout.splitlines()) == 3, written
 
 
 def test_root_holds_only_the_allowlist(pool: PythonSandbox):

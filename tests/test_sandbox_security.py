@@ -11,6 +11,7 @@ and ``print(6 * 7)`` gives ``42``.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import secrets
 import socket
@@ -183,6 +184,24 @@ def no_secret(result: SandboxResult, host: Host) -> None:
     assert result.exit_code == 0, result
 
 
+def _forged_status(payload: dict) -> str:
+    """A program that lists its open descriptors, then writes a status report the worker would
+    once have believed (``payload``) to every descriptor above stderr, and exits at once."""
+    data = json.dumps(payload).encode()
+    program = ("import os\nfds = []\nfor fd in range(1024):\n    try:\n        os.fstat(fd)\n"
+               "        fds.append(fd)\n    except OSError:\n        pass\nprint(fds, flush=True)\n"
+               "for fd in range(3, 1024):\n    try:\n"
+               f"        os.write(fd, {data!r})\n        print('wrote', fd, flush=True)\n"
+               "    except OSError:\n        pass\nos._exit(0)\n")
+    return program.replace("{", "{{").replace("}", "}}")  # Host.fmt
+
+
+def _nothing_forged(result: SandboxResult, host: Host) -> None:
+    """Only stdin, stdout and stderr are open, nothing took the report, and the result says
+    what happened: a clean exit, no limit (the autouse fixture checks no worker was replaced)."""
+    assert (result.stdout, result.exit_code, result.limit_hit) == ("[0, 1, 2]\n", 0, None), result
+
+
 # (name, program, check). Programs are str.format'ed by Host.fmt (double the braces).
 CORPUS: list[tuple[str, str, Check]] = [
     # --- processes ---
@@ -335,6 +354,13 @@ CORPUS: list[tuple[str, str, Check]] = [
     ("os_exit", "import os\nos._exit(7)\n", lambda r, h: r.exit_code == 7 or pytest.fail(
         repr(r))),
     ("close_stdio_fds", "import os\nos.closerange(0, 100)\n", limit(None)),
+    # --- the worker's status channel: the code holds nothing but stdin, stdout and stderr ---
+    *[(f"forge_status_{name}", _forged_status(payload), _nothing_forged)
+      for name, payload in (
+          ("setup_error", {"setup_error": "forged"}),
+          ("memory", {"exc": "MemoryError", "errno": 12, "exit": 0}),
+          ("processes", {"exc": "BlockingIOError", "errno": 11}),
+          ("threads", {"exc": "RuntimeError", "message": "new thread", "tasks": 99}))],
     ("syntax_error", "def (:\n", failed_with("SyntaxError")),
 ]
 

@@ -16,14 +16,20 @@ Lifecycle:
    user namespace where it is not root); it forks, and the child, pid 1 of the new pid
    namespace, is the worker from then on (the process the pool started only waits for it). It
    builds the root on a fresh tmpfs from the plan, every bind read-only, with a minimal
-   ``/dev``, a scratch tmpfs and a ``/proc`` of its own namespace, and ``pivot_root``s into it:
-   the host's file system is detached, not hidden. Where the OS refuses the namespaces it falls
+   ``/dev``, a scratch tmpfs and a ``/proc`` of its own namespace (what describes the host
+   masked: ``PROC_MASKED_FILES``), and ``pivot_root``s into it: the host's file system is
+   detached, not hidden. A cgroup namespace and a host name of its own hide the host's cgroup
+   path and name. Where the OS refuses the namespaces it falls
    back to a user namespace, and where that fails too, to no namespaces; it reports what it got.
 2. Per execution it forks a child that starts a new session, gets a fresh scratch directory (its
    only writable place with ``/dev/shm``, also its cwd, HOME and TMPDIR), resource limits,
    ``no_new_privs``, a distinct unprivileged uid/gid (root mode) or no capabilities (user
-   namespace), a seccomp filter, and then ``exec``s the code in a fresh globals dict. The worker
-   reads the child's stdout/stderr with a size cap and enforces the wall-time limit.
+   namespace), a seccomp filter, a fresh ``__main__`` module in ``sys.modules``, and then
+   ``exec``s the code in that module's namespace. A set-up failure is reported on the status
+   pipe (fd 3), which the child closes before the code runs: the code holds fds 0-2 only. The
+   worker reads the child's stdout/stderr with a size cap, enforces the wall-time limit, and
+   labels a limit from the kernel's record (wait status, CPU time) and the traceback the child
+   printed (``_classify``).
 3. After every execution, however it ended, everything the code started is killed (see
    ``kill_everything``): the process group first; then, if the worker still has a child,
    ``kill(-1, SIGKILL)``, which from pid 1 reaches every process of the namespace (without
@@ -42,6 +48,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import resource
 import select
 import shutil
@@ -51,6 +58,7 @@ import struct
 import sys
 import time
 import traceback
+import types
 
 # --- Linux constants (stable kernel ABI) ---------------------------------------------------------
 CLONE_NEWNS = 0x00020000
@@ -77,13 +85,15 @@ SECUREBITS_LOCKDOWN = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 IPC_RMID = 0
 _SYSCALL_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
+# The child's set-up reports a failure on this descriptor, and closes it before the code runs:
+# nothing the code writes can reach the worker but its stdout and stderr.
 STATUS_FD = 3
-# Bound here, before any sandboxed code runs: the code may overwrite ``os._exit`` or
-# ``json.dumps`` in its (forked) copy of these modules, and the child still has to report and exit.
+# Bound here, before any sandboxed code runs: the code may overwrite ``os._exit`` or ``os.write``
+# in its (forked) copy of these modules, and the child still has to print and exit.
 _exit = os._exit
 _write = os.write
-_getpid = os.getpid
-_dumps = json.dumps
+# What the child prints after the traceback when a thread could not start, for ``_classify``.
+TASKS_NOTE = "[sandbox] {tasks} processes and threads were running (at most {limit})"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -148,6 +158,23 @@ SITE_DIR_NAMES = ("site-packages", "dist-packages")
 # The code's only writable places: its scratch directory (a run-N directory in this tmpfs) and
 # /dev/shm; both private to the worker and wiped after every execution.
 SCRATCH_ROOT = "/tmp/gear-sandbox"
+# What the sandbox's /proc does not show of the host (bound over with an empty file or directory,
+# read-only): the kernel's command line, configuration, symbols and modules; the hardware (buses,
+# interrupts, I/O ports and memory, DMA, disks, partitions, swaps, devices); host-wide memory,
+# lock, slab, scheduler, pressure and crypto tables. ``meminfo`` shows the sandbox's own memory
+# limit instead. Left visible, because the kernel tells the same through calls that cannot be
+# masked (uname, sysinfo, cpuid, the clocks, sched_getaffinity) and programs read them:
+# ``version``, ``cpuinfo``, ``stat``, ``loadavg``, ``uptime``.
+PROC_MASKED_FILES = (
+    "cmdline", "config.gz", "bootconfig", "kallsyms", "modules", "kcore", "kmsg", "keys",
+    "key-users", "timer_list", "timer_stats", "latency_stats", "sched_debug", "schedstat",
+    "partitions", "diskstats", "swaps", "mdstat", "devices", "misc", "consoles", "interrupts",
+    "softirqs", "iomem", "ioports", "dma", "mtrr", "fb", "locks", "vmallocinfo", "slabinfo",
+    "pagetypeinfo", "buddyinfo", "zoneinfo", "vmstat", "cgroups", "crypto", "kpagecount",
+    "kpageflags", "kpagecgroup", "version_signature")
+PROC_MASKED_DIRS = ("acpi", "asound", "bus", "driver", "dynamic_debug", "fs", "irq", "pressure",
+                    "scsi", "tty")
+SANDBOX_HOSTNAME = "sandbox"
 
 
 def _within(path: str, root: str) -> bool:
@@ -381,8 +408,8 @@ def isolate(config: dict, channel: Channel) -> dict:
     the pool, each True or False, plus the mode and notes)."""
     iso: dict = {"mode": "none", "allowlist_fs": False, "readonly_fs": False, "network": False,
                  "own_proc": False, "ipc_namespace": False, "uid_drop": False,
-                 "process_limit": False, "seccomp": False, "kill_all": "descendants",
-                 "notes": []}
+                 "process_limit": False, "seccomp": False, "host_info": False,
+                 "kill_all": "descendants", "notes": []}
     requested = config["isolation"]
     namespaces = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
     mode = "none"
@@ -421,18 +448,71 @@ def isolate(config: dict, channel: Channel) -> dict:
     # user-namespace mode (own namespace).
     iso["process_limit"] = True
     iso["network"] = iso["ipc_namespace"] = True
+    names_hidden = _hide_host_names(iso)
     try:
         build_root(config, iso)
     except OSError as exc:  # never fall back silently: the pool refuses to start
         raise RuntimeError(f"could not build the sandbox's root in {mode} mode: {exc} "
                            "(isolation='none' runs without file-system isolation)") from exc
     iso["allowlist_fs"] = True
+    # /proc masked by build_root (or no /proc at all)
+    iso["host_info"] = names_hidden
     iso["scratch_root"] = SCRATCH_ROOT
     if mode == "userns":
         # the code runs as this worker's uid: keep it out of the worker's /proc entries
         # (fd, mem, root, environ need a capability the code does not have)
         _prctl(PR_SET_DUMPABLE, 0)
     return iso
+
+
+def _hide_host_names(iso: dict) -> bool:
+    """A cgroup namespace (``/proc/self/cgroup`` shows ``/``, not the host's cgroup path) and a
+    host name of the sandbox's own in its UTS namespace (not the host's, often a container id).
+    False, with a note, where the kernel refuses either."""
+    import socket
+
+    try:
+        _check(_libc.unshare(CLONE_NEWCGROUP), "unshare(CLONE_NEWCGROUP)")
+        socket.sethostname(SANDBOX_HOSTNAME)
+        _check(_libc.setdomainname(b"(none)", 6), "setdomainname")
+    except OSError as exc:
+        iso["notes"].append(f"host names not hidden: {exc}")
+        return False
+    return True
+
+
+def _mask_proc(proc: str, staging: str, memory_mb: int) -> None:
+    """Bind an empty read-only file or directory over each of ``PROC_MASKED_FILES`` and
+    ``PROC_MASKED_DIRS`` that ``proc`` has, and a ``meminfo`` of ``memory_mb`` over its
+    ``meminfo``. The sources live on a small tmpfs that is detached again at once (the binds
+    keep it); nothing of it shows in the root."""
+    source = staging + "/.proc-mask"
+    os.mkdir(source, 0o700)
+    _mount("tmpfs", source, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+           "size=64k,nr_inodes=16,mode=0755")
+    try:
+        os.mkdir(f"{source}/empty-dir", 0o555)
+        kib = memory_mb << 10
+        files = {"empty": "", "meminfo": "".join(
+            f"{name + ':':<16}{value:>8} kB\n" for name, value in (
+                ("MemTotal", kib), ("MemFree", kib), ("MemAvailable", kib), ("Buffers", 0),
+                ("Cached", 0), ("SwapCached", 0), ("Active", 0), ("Inactive", 0),
+                ("SwapTotal", 0), ("SwapFree", 0), ("Shmem", 0), ("Slab", 0),
+                ("SReclaimable", 0)))}
+        for name, text in files.items():
+            with open(f"{source}/{name}", "w") as handle:
+                handle.write(text)
+            os.chmod(f"{source}/{name}", 0o444)
+        targets = [(name, "empty") for name in PROC_MASKED_FILES] + [("meminfo", "meminfo")]
+        targets += [(name, "empty-dir") for name in PROC_MASKED_DIRS]
+        for name, what in targets:
+            target = f"{proc}/{name}"
+            if os.path.lexists(target) and os.path.isdir(target) == (what == "empty-dir"):
+                _mount(f"{source}/{what}", target, None, MS_BIND)
+                _make_read_only(target)
+    finally:
+        _check(_libc.umount2(source.encode(), MNT_DETACH), "umount the /proc masks' source")
+        os.rmdir(source)
 
 
 def build_root(config: dict, iso: dict) -> None:
@@ -493,13 +573,15 @@ def build_root(config: dict, iso: dict) -> None:
         try:
             proc = place("/proc", True)
             _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
-            for name in ("sys", "sysrq-trigger", "irq", "bus"):  # kernel knobs: read-only
+            for name in ("sys", "sysrq-trigger"):  # kernel knobs: read-only
                 if os.path.exists(f"{proc}/{name}"):
                     _mount(f"{proc}/{name}", f"{proc}/{name}", None, MS_BIND | MS_REC)
                     _make_read_only(f"{proc}/{name}")
             iso["own_proc"] = True
         except OSError as exc:  # e.g. a user namespace where the host's /proc is partly masked
             iso["notes"].append(f"no /proc in the sandbox: {exc}")
+        if iso["own_proc"]:  # a failure here refuses to start, like any other of the root
+            _mask_proc(staging + "/proc", staging, config["memory_mb"])
         # everything else under the new root read-only (submounts of recursive binds included)
         table = _mountinfo()
         top = [mount_id for mount_id, _parent, point in table if point == staging][-1]
@@ -682,19 +764,22 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
                           closefd=False, buffering=1)
         sys.argv = ["<sandbox>"]
-        owner = _getpid()
+        # the code's own __main__ module, as under ``python -c``: pickle (multiprocessing's
+        # Pool, ProcessPoolExecutor) finds what the code defines through sys.modules
+        main = types.ModuleType("__main__")
+        main.__builtins__ = __builtins__  # type: ignore[attr-defined]
+        sys.modules["__main__"] = main
+        os.close(STATUS_FD)  # last: the code never holds the status channel
     except BaseException as exc:  # set-up failed: report and never run the code
         try:
             os.write(2, f"sandbox set-up failed: {exc!r}\n".encode())
             os.write(STATUS_FD, json.dumps({"setup_error": repr(exc)}).encode())
         finally:
             os._exit(126)
-    status: dict = {}
     atexit._clear()  # handlers inherited from the worker are not the code's
     try:
         compiled = compile(request["code"], "<sandbox>", "exec")
-        namespace = {"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}
-        exec(compiled, namespace)
+        exec(compiled, main.__dict__)
         code_status = 0
     except SystemExit as exc:
         if exc.code is None:
@@ -705,11 +790,14 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
             _safe_print_error(str(exc.code))
             code_status = 1
     except BaseException as exc:
-        status = {"exc": type(exc).__name__, "errno": getattr(exc, "errno", None),
-                  "message": str(exc)[:200]}
-        if "new thread" in status["message"]:
-            status["tasks"] = _count_own_tasks()
+        try:
+            thread_refused = isinstance(exc, RuntimeError) and "new thread" in str(exc)
+        except BaseException:  # the code's own __str__
+            thread_refused = False
+        tasks = _count_own_tasks() if thread_refused else None
         _safe_print_exception(exc)
+        if tasks is not None:
+            _safe_print_error(TASKS_NOTE.format(tasks=tasks, limit=limits["max_processes"]))
         code_status = 1
     try:
         # as at the end of a real interpreter: wait for non-daemon threads, run atexit handlers
@@ -719,16 +807,7 @@ def _child(request: dict, config: dict, iso: dict, scratch: str, out_w: int, err
         atexit._run_exitfuncs()
     except BaseException as exc:
         _safe_print_exception(exc)
-    if _getpid() != owner:
-        # a process the code forked fell out of the code: it must not report
-        _flush_quietly()
-        _exit(code_status)
     _flush_quietly()
-    try:
-        status["exit"] = code_status
-        _write(STATUS_FD, _dumps(status).encode())
-    except BaseException:
-        pass
     _exit(code_status)
 
 
@@ -916,8 +995,38 @@ def _wipe(iso: dict, scratch: str) -> None:
     _wipe_ipc()
 
 
-def _classify(status_word: int, rusage, report: dict, limits: dict) -> tuple[int, str | None]:
-    """(exit code, limit hit) from the wait status and the child's own report."""
+_FINAL_LINE = re.compile(r"(?:[A-Za-z_]\w*\.)*(?P<name>[A-Za-z_]\w*)(?::(?: (?P<message>.*))?)?")
+_ERRNO = re.compile(r"\[Errno (?P<errno>\d+)\]")
+_TASKS = re.compile(re.escape(TASKS_NOTE).replace(r"\{tasks\}", r"(?P<tasks>\d+)")
+                    .replace(r"\{limit\}", r"\d+"))
+
+
+def _final_error(stderr: str) -> tuple[str, int | None, str, int | None] | None:
+    """The exception the last traceback in ``stderr`` names on its final line: (class name
+    without its module, errno shown as ``[Errno N]`` or None, message, tasks of a
+    ``TASKS_NOTE`` after it or None); None when no line of the tail names one. The last such
+    line, not the last line: the processes a program forked share its stderr (a fork bomb's
+    children each print their own traceback)."""
+    tasks = None
+    for line in reversed(stderr[-4096:].split("\n")):
+        note = _TASKS.fullmatch(line)
+        if note:
+            tasks = int(note["tasks"]) if tasks is None else tasks  # the last note printed
+            continue
+        match = _FINAL_LINE.fullmatch(line)
+        if match:
+            message = match["message"] or ""
+            number = _ERRNO.match(message)
+            return match["name"], int(number["errno"]) if number else None, message, tasks
+    return None
+
+
+def _classify(status_word: int, rusage, stderr: str, limits: dict) -> tuple[int, str | None]:
+    """(exit code, limit hit) from what the kernel recorded (the wait status, the CPU time) and
+    what the result shows: an exit status of 1 with a traceback in ``stderr`` whose exception
+    is a limit's (``MemoryError``, ``[Errno 12]``, ``[Errno 11]`` from ``fork`` ...). The code
+    has no other way to tell the worker anything, so a label never disagrees with the output;
+    code that prints such a traceback and exits with 1 gets the label its output shows."""
     limit = None
     if os.WIFSIGNALED(status_word):
         signum = os.WTERMSIG(status_word)
@@ -928,27 +1037,27 @@ def _classify(status_word: int, rusage, report: dict, limits: dict) -> tuple[int
             limit = "cpu"
         elif signum == signal.SIGXFSZ:
             limit = "file_size"
-    else:
-        exit_code = os.WEXITSTATUS(status_word)
-    name, err = report.get("exc"), report.get("errno")
-    message = report.get("message", "")
-    if limit is None and name:
-        if name == "MemoryError" or err == errno.ENOMEM:
-            limit = "memory"
-        elif err == errno.EFBIG:
-            limit = "file_size"
-        elif err == errno.EMFILE:
-            limit = "open_files"
-        elif err == errno.ENOSPC or err == errno.EDQUOT:
-            limit = "disk"
-        elif err == errno.EAGAIN and name == "BlockingIOError":
-            limit = "processes"  # fork refused (a fork short of memory says ENOMEM)
-        elif name == "RuntimeError" and "new thread" in message:
-            # pthread_create says EAGAIN both at the process cap and when the address space
-            # has no room for another stack: tell them apart by the tasks alive at the time
-            tasks = report.get("tasks")
-            near_cap = tasks is None or tasks >= limits["max_processes"] - 1
-            limit = "processes" if near_cap else "memory"
+        return exit_code, limit
+    exit_code = os.WEXITSTATUS(status_word)
+    final = _final_error(stderr) if exit_code == 1 else None
+    if final is None:
+        return exit_code, None
+    name, err, message, tasks = final
+    if name == "MemoryError" or err == errno.ENOMEM:
+        limit = "memory"
+    elif err == errno.EFBIG:
+        limit = "file_size"
+    elif err == errno.EMFILE:
+        limit = "open_files"
+    elif err == errno.ENOSPC or err == errno.EDQUOT:
+        limit = "disk"
+    elif err == errno.EAGAIN and name == "BlockingIOError":
+        limit = "processes"  # fork refused (a fork short of memory says ENOMEM)
+    elif name == "RuntimeError" and "new thread" in message:
+        # pthread_create says EAGAIN both at the process cap and when the address space
+        # has no room for another stack: tell them apart by the tasks alive at the time
+        near_cap = tasks is None or tasks >= limits["max_processes"] - 1
+        limit = "processes" if near_cap else "memory"
     return exit_code, limit
 
 
@@ -1042,21 +1151,21 @@ def execute(request: dict, config: dict, iso: dict, channel: Channel, counter: i
         raw = b""
     for fd in (out_r, err_r, status_r) + ((pidfd,) if pidfd is not None else ()):
         os.close(fd)
-    try:
+    try:  # only the set-up writes here (a failure), before the code runs
         report = json.loads(raw.decode()) if raw else {}
         if not isinstance(report, dict):
             report = {}
     except ValueError:
         report = {}
-    exit_code, detected = _classify(status_word, rusage, report, limits)
+    stderr = bytes(buffers[err_r]).decode("utf-8", errors="replace")
+    exit_code, detected = _classify(status_word, rusage, stderr, limits)
     if limit_hit is None:
         limit_hit = detected
     if limit_hit in ("timeout", "output"):
         exit_code = -signal.SIGKILL
     _wipe(iso, scratch)
     result = {
-        "stdout": bytes(buffers[out_r]).decode("utf-8", errors="replace"),
-        "stderr": bytes(buffers[err_r]).decode("utf-8", errors="replace"),
+        "stdout": bytes(buffers[out_r]).decode("utf-8", errors="replace"), "stderr": stderr,
         "exit_code": exit_code, "limit_hit": limit_hit,
         "duration_s": time.monotonic() - started,
         "cpu_s": (rusage.ru_utime + rusage.ru_stime) if rusage else 0.0,

@@ -14,7 +14,11 @@ virtual environment only ``pyvenv.cfg`` and the ``bin/python*`` links, the decla
 (and what they require) and every other package directory empty, the ``python_path`` and
 ``mounts`` paths, all read-only; a scratch tmpfs (its working directory is a fresh directory in
 it), ``/dev`` with ``null``, ``zero``, ``full``, ``random``, ``urandom`` and a private
-``/dev/shm``, and a ``/proc`` of its own pid namespace. Nothing else: no project checkout, run
+``/dev/shm``, and a ``/proc`` of its own pid namespace in which what describes the host (its
+kernel command line and configuration, modules, hardware, disks, host-wide memory and lock
+tables: the worker's ``PROC_MASKED_FILES`` and ``PROC_MASKED_DIRS``) shows empty and
+``meminfo`` shows ``memory_mb``; a cgroup namespace (``/proc/self/cgroup`` shows ``/``) and the
+host name ``sandbox``. Nothing else: no project checkout, run
 directory, data file, model cache, home, ``/opt``, ``/srv``, ``/var``, ``/run`` or host ``/etc``.
 ``hidden`` paths (and the project checkout) are cut out even where they lie under an exposed
 directory (its other entries are bound one by one, so the hidden name does not show), and a
@@ -38,14 +42,29 @@ Modes (``sandbox.isolation["mode"]``):
   containers), the kernel refuses a fresh ``/proc`` and ``own_proc`` is reported missing.
 - ``"none"`` (no namespaces at all): resource limits, a scratch directory, a scrubbed
   environment, seccomp and the process-tree kill only; none of the file-system, network,
-  ``/proc``, IPC, uid or process-count guarantees. A warning is logged; pass
+  ``/proc``, IPC, uid, process-count or host-information guarantees. A warning is logged; pass
   ``require_isolation=True`` to refuse to start instead.
+
+The code's process holds stdin, stdout and stderr only: the pipe on which the child's set-up
+reports a failure is closed before the code runs. So the result is made of what the kernel
+recorded (exit status, signal, CPU time) and what the code printed, and a limit that an
+exception names (``memory``, ``processes``, ``open_files``, ``file_size``, ``disk``) is read from
+the traceback at the end of ``stderr`` (see ``SandboxResult.limit_hit``): the label always agrees
+with the output, and the code cannot claim ``sandbox_error``.
+
+The code runs as the ``__main__`` module (``sys.modules["__main__"]``), as under ``python -c``:
+``multiprocessing.Pool.map`` and ``ProcessPoolExecutor`` work on functions it defines (the
+default ``fork`` start method; each worker process counts against ``max_processes``).
 
 Not enforced anywhere: a limit on the sum of memory of all processes of one run (no cgroup is
 created: ``memory_mb`` x ``max_processes`` bounds it), disk I/O and CPU share; the names of
-exposed host paths show in ``/proc/self/mountinfo`` (their contents outside the allowlist do
-not); a package directory shared by several distributions (a namespace package such as
-``google``) is exposed whole once one of them is declared.
+exposed host paths (and the mount options, such as a ``devtmpfs`` size) show in
+``/proc/self/mountinfo`` (their contents outside the allowlist do not); what the kernel tells
+every process through calls that cannot be masked (``uname``: the kernel version; ``sysinfo``:
+host memory, uptime and load; ``cpuid`` and ``sched_getaffinity``: the processor and the CPU
+count), so ``/proc`` still shows ``version``, ``cpuinfo``, ``stat``, ``loadavg`` and ``uptime``;
+a package directory shared by several distributions (a namespace package such as ``google``) is
+exposed whole once one of them is declared.
 
 Always enforced: wall-time limit (whole process tree killed), CPU time (``RLIMIT_CPU``), address
 space per process (``RLIMIT_AS``: ``memory_mb`` bounds each process, not their sum), file size
@@ -103,6 +122,9 @@ GUARANTEES = {
     "process_limit": "RLIMIT_NPROC caps the processes and threads of one execution",
     "seccomp": "mount, namespace, ptrace, keyring, bpf and io_uring calls and new sockets are "
                "denied (x86_64)",
+    "host_info": "/proc hides the host's kernel command line, configuration, modules, hardware, "
+                 "disks and memory (meminfo shows the sandbox's limit); own cgroup namespace "
+                 "and host name",
 }
 """What the sandbox guarantees in root mode, name -> meaning. ``PythonSandbox.not_enforced``
 lists the names a pool could not enforce."""
@@ -126,9 +148,16 @@ class SandboxResult:
             exception gives 1), ``-N`` when killed by signal ``N`` (a timeout or an output
             overflow reports ``-9``), ``None`` when the sandbox itself failed.
         limit_hit: ``None`` or the name of the limit that ended or broke the run (see
-            ``LIMIT_NAMES``): ``timeout`` (wall time), ``cpu`` (CPU seconds), ``memory`` (a
-            ``MemoryError`` or ``ENOMEM`` reached the top level), ``output``, ``file_size``,
-            ``processes`` (fork/thread creation refused), ``open_files``, ``disk`` (scratch full).
+            ``LIMIT_NAMES``): ``timeout`` (wall time), ``cpu`` (CPU seconds), ``output``,
+            ``file_size`` (also ``SIGXFSZ``) and ``sandbox_error`` from what the worker saw;
+            ``memory`` (a ``MemoryError`` or ``[Errno 12]``), ``processes`` (``fork`` refused
+            with ``[Errno 11]``, or a thread refused near the process cap), ``open_files``
+            (``[Errno 24]``), ``file_size`` (``[Errno 27]``) and ``disk`` (``[Errno 28]``,
+            scratch full) when the run exited with status 1 and the last exception line in
+            ``stderr`` names that error (a refused thread is followed by a ``[sandbox] N
+            processes and threads were running`` line, which decides between ``processes``
+            and ``memory``). Code that prints such a traceback itself and exits with 1 gets
+            the label its output shows.
         duration_s: wall time of the execution as measured by the worker.
         cpu_s: CPU seconds used by the main process.
         stdout_truncated, stderr_truncated: whether that stream was cut.
@@ -520,7 +549,7 @@ class PythonSandbox:
             "isolation": isolation, "tmpfs_mb": int(scratch_mb), "tmpfs_inodes": 16384,
             "preload": list(preload), "seccomp": bool(seccomp), "python_path": python_path,
             "root": self.root_plan, "path_env": f"{os.path.dirname(self._python)}:{_SAFE_PATH}",
-            "lang": _scrubbed_env()["LANG"],
+            "lang": _scrubbed_env()["LANG"], "memory_mb": self.limits.memory_mb,
         }
         self._require = require_isolation
         self._state = _PoolState()
