@@ -4,10 +4,12 @@ trainer's format (a GRPO run with null signals, unknown keys and an eval-only st
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,9 @@ from gear_rl.report import (
     normalized_divergence,
     top_divergence_tokens,
 )
+from gear_rl.report.assets import SCRIPT
 from gear_rl.report.data import weight_stats_by_step
-from gear_rl.report.html import viewer_data
+from gear_rl.report.html import _json_safe, script_json, viewer_data
 from gear_rl.report.plots import training_curves
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -172,6 +175,69 @@ def test_grpo_run_with_missing_series_and_null_signals(tmp_path: Path) -> None:
     assert first["pairs"][0]["neg"]["tokens"] == ["5"]
     # A group without contrast is still shown, on its own.
     assert second["pairs"][0]["pos"]["advantage"] == 0.0 and second["pairs"][0]["neg"] is None
+
+
+HOSTILE_TEXTS = ("<!--<script>", "</script>", "<!--", "-->", "</SCRIPT >", "<!-- <script> x",
+                 "</script/", "<script></script>", "<\\/script>", "\u2028\u2029", "&lt;&amp;",
+                 "]]>", "<![CDATA[", "\x00\x7f\ud800")
+
+
+class _Scripts(HTMLParser):
+    """The page's ``<script>`` elements as the standard library's HTML tokenizer splits them:
+    (attributes, text), in order."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.scripts: list[tuple[dict[str, str | None], str]] = []
+        self._open = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "script":
+            self.scripts.append((dict(attrs), ""))
+            self._open = True
+
+    def handle_data(self, data: str) -> None:
+        if self._open:
+            attrs, text = self.scripts[-1]
+            self.scripts[-1] = (attrs, text + data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self._open = False
+
+
+def test_hostile_text_cannot_move_the_end_of_the_embedded_data(tmp_path: Path) -> None:
+    """Logged text that looks like markup (``<!--<script>`` opens the tokenizer's "script data
+    double escaped" state, where ``</script>`` no longer closes the element) is written without
+    any ``<``, ``>`` or ``&``, so no text can change where the data element ends; the element's
+    text parses back to exactly what was logged. The browser test renders the same texts."""
+    text = "".join(HOSTILE_TEXTS)
+    for hostile in (*HOSTILE_TEXTS, text):
+        encoded = script_json({"t": hostile, hostile: [hostile]})
+        assert not set(encoded) & set("<>&") and encoded.isascii(), encoded
+        assert json.loads(encoded) == {"t": hostile, hostile: [hostile]}
+    tokens = ["head", *HOSTILE_TEXTS]  # every hostile token above the threshold: top tokens
+    pos = sample(1, 0, 1.0, tokens, prompt=f"user: {text}", answer=text, extracted=text,
+                 problem_id=text, divergence=[0.0] + [1.0] * len(HOSTILE_TEXTS))
+    run = write_run(tmp_path / "run", samples=[pos, sample(1, 0, -1.0, ["<!--<script>"])])
+    page = build_report(run).html.read_text(encoding="utf-8")
+    parser = _Scripts()
+    parser.feed(page)
+    parser.close()
+    assert [attrs.get("id") for attrs, _ in parser.scripts] == ["report-data", None]
+    data_text, viewer_text = parser.scripts[0][1], parser.scripts[1][1]
+    assert viewer_text.strip() == SCRIPT.strip()
+    assert f'<script type="application/json" id="report-data">{data_text}</script>' in page
+    assert not set(data_text) & set("<>&")
+    assert json.loads(data_text) == _json_safe(viewer_data(load_run(run)))
+    (pair,) = json.loads(data_text)["steps"][0]["pairs"]
+    assert pair["pos"]["tokens"] == tokens
+    assert pair["prompt"] == f"user: {text}" and pair["answer"] == text == pair["problem_id"]
+    assert pair["neg"]["tokens"] == ["<!--<script>"]
+    # the top-tokens table shows them as text (a lone surrogate as its escape)
+    cells = re.findall(r"<tr><td>\d+</td><td><code>(.*?)</code>", page)
+    assert sorted(html.unescape(c) for c in cells) == sorted(
+        json.dumps(t, ensure_ascii=False).replace("\ud800", "\\ud800") for t in tokens[1:])
 
 
 def test_held_out_plot_has_every_k(tmp_path: Path) -> None:

@@ -276,3 +276,39 @@ def test_credit_check_entry_colours_by_the_monte_carlo_advantage(browser: DevToo
     assert _background(browser, "neg", 0).startswith("rgba(215, 48, 39")
     assert "from the credit check" in browser.js(
         "document.getElementById('legend').textContent")
+
+
+HOSTILE_TEXTS = ("<!--<script>", "</script>", "<!--", "-->", "</SCRIPT >", "<!-- <script> x",
+                 "</script/", "<script></script>", "<\\/script>", "\u2028\u2029", "&lt;&amp;")
+
+
+def test_hostile_logged_text_cannot_move_the_end_of_the_data(browser: DevTools,
+                                                             tmp_path: Path) -> None:
+    """Text the model or the task wrote (tokens, prompt, answer, extracted answer) that looks
+    like markup, ``<!--<script>`` above all (which in script data opens the "double escaped"
+    state, where ``</script>`` no longer ends the element): the data element must end where the
+    page put its end, its text must parse back to exactly what was logged, and the viewer must
+    draw every token."""
+    tokens = [*HOSTILE_TEXTS, "<!--<script>", " tail"]
+    text = "".join(HOSTILE_TEXTS)
+    pos = sample(1, 0, 1.0, tokens, prompt=f"user: {text}", answer=text, extracted=text)
+    neg = sample(1, 0, -1.0, ["<!--<script>", "5"])
+    run = write_run(tmp_path / "run", estimator="gear", samples=[pos, neg])
+    page = build_report(run, tmp_path / "out").html
+    browser.send("Page.navigate", url=page.as_uri())
+    browser.wait_for(f"location.href === {json.dumps(page.as_uri())} && "
+                     "document.readyState === 'complete' && document.body && "
+                     "document.body.dataset.ready === '1'")
+    # the page's two scripts, the data then the viewer, and nothing swallowed into the data
+    assert browser.js("[...document.scripts].map(s => s.id || s.type || 'viewer')") == [
+        "report-data", "viewer"]
+    embedded = json.loads(browser.js("document.getElementById('report-data').textContent"))
+    (pair,) = embedded["steps"][0]["pairs"]
+    assert pair["pos"]["tokens"] == tokens and pair["neg"]["tokens"] == ["<!--<script>", "5"]
+    assert pair["prompt"] == f"user: {text}" and pair["answer"] == text
+    assert pair["pos"]["extracted"] == text
+    assert browser.js("[...document.querySelectorAll('#traj-pos .tok')]"
+                      ".map(t => t.textContent)") == tokens
+    assert browser.js("document.querySelectorAll('#traj-neg .tok').length") == 2
+    assert browser.js("document.getElementById('problem').textContent").endswith(text)
+    assert browser.js("document.querySelectorAll('#top-tokens, #top-tokens-empty').length") == 1

@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import sys
 import textwrap
 
@@ -140,10 +141,35 @@ def _split_train_args(argv: list[str], first: str = "a config file"
     return config_path, overrides
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_space(verb: str, error: OSError, where: object, then: str) -> int:
+    """Say that the disk is full (where, and ``then``: what was kept and the command that
+    continues) instead of an ``OSError`` traceback; returns the exit status, 1."""
+    print(f"gear-rl {verb}: no space left on {error.filename or where}; {then}", file=sys.stderr)
+    return 1
+
+
+def _train_stopped(run_dir: object, argv: list[str]) -> str:
+    """What a run stopped early keeps, and the command that continues it: ``resume=`` when it
+    has a checkpoint, else starting it again (a run folder without one cannot be resumed)."""
+    from gear_rl.rundir import RunDir
+
+    run = RunDir(str(run_dir))
+    last = run.latest_checkpoint()
+    if last is not None:
+        return (f"the last checkpoint, {last.name}, is kept (steps logged after it are dropped "
+                f"when the run continues); continue with: gear-rl train resume={run.path}")
+    return (f"no checkpoint was written yet, so there is nothing to resume: remove {run.path} "
+            f"and start again with: {shlex.join(['gear-rl', 'train', *argv])}")
+
+
 def _train(argv: list[str]) -> int:
     from gear_rl.dataclass_config import parse_overrides
     from gear_rl.train.config import load_config
 
+    config = None
     try:
         if any(a in ("-h", "--help") for a in argv):
             print(_train_help(argv))
@@ -159,35 +185,35 @@ def _train(argv: list[str]) -> int:
             config = resume_config(str(run_dir), parsed)
         else:
             config = load_config(config_path, overrides)
+        from gear_rl.train.runtime import run_path
         from gear_rl.train.trainer import Trainer, format_summary
 
+        config.out = config.out or str(run_path(config))  # fixed: a full disk message names it
         trainer = Trainer(config)
     except ValueError as error:
         print(f"gear-rl train: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno not in _DISK_FULL or config is None:
+            raise
+        return _no_space("train", error, config.out, _train_stopped(config.out, argv))
     print(f"[gear-rl] run directory: {trainer.run_dir}", file=sys.stderr)
     from gear_rl.train.trainer import NonFiniteTrainingError
 
     try:
         summary = trainer.train()
     except KeyboardInterrupt:
-        last = trainer.run.latest_checkpoint()
-        where = (f"the last checkpoint is {last.name}" if last is not None
-                 else "no checkpoint was written yet")
-        print(f"\ngear-rl train: interrupted; {where}. Continue with: gear-rl train "
-              f"resume={trainer.run_dir}", file=sys.stderr)
+        print(f"\ngear-rl train: interrupted; {_train_stopped(trainer.run_dir, argv)}",
+              file=sys.stderr)
         return 130
     except NonFiniteTrainingError as error:
         print(f"gear-rl train: {error}", file=sys.stderr)
         return 1
     except OSError as error:
-        if error.errno == errno.ENOSPC:
-            target = error.filename or trainer.run_dir
-            print(f"gear-rl train: no space left on the device (writing {target}); free some "
-                  f"space and continue with: gear-rl train resume={trainer.run_dir}",
-                  file=sys.stderr)
-            return 1
-        raise
+        if error.errno not in _DISK_FULL:
+            raise
+        return _no_space("train", error, trainer.run_dir,
+                         _train_stopped(trainer.run_dir, argv))
     print(format_summary(summary))
     return 0
 
@@ -233,6 +259,9 @@ def _eval(argv: list[str]) -> int:
         result.pop("records")
     result.update({"model": config.model, "checkpoint": str(checkpoint) if checkpoint else None,
                    "task": config.task})
+    if result.get("checkpoint_folder"):  # a run's newest checkpoint: say which step was scored
+        print(f"[gear-rl] scored {result['checkpoint_folder']} (step "
+              f"{result['checkpoint_step']})", file=sys.stderr)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -257,6 +286,13 @@ def _report(argv: list[str]) -> int:
     except ValueError as error:
         print(f"gear-rl report: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno not in _DISK_FULL:
+            raise
+        return _no_space("report", error, args.out or args.run_dir,
+                         "the run itself is untouched (the report only reads it); free some "
+                         "space and write the report again with: "
+                         f"{shlex.join(['gear-rl', 'report', *argv])}")
     for note in report.skipped:
         print(f"[gear-rl] skipped {note}", file=sys.stderr)
     for path in report.plots:
@@ -282,6 +318,26 @@ def _int_list(text: str) -> list[int]:
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
             from error
+
+
+def _compare_stopped(args: argparse.Namespace, argv: list[str]) -> str:
+    """What an interrupted ``gear-rl compare`` keeps, and how to continue: with
+    ``--estimators``, the same command reuses the finished runs and resumes the interrupted
+    ones from their last checkpoint, except a run stopped before its first checkpoint, which
+    must be removed first (:func:`gear_rl.study.compare.run_comparison` refuses it)."""
+    from pathlib import Path
+
+    from gear_rl.rundir import RunDir
+
+    again = shlex.join(["gear-rl", "compare", *argv])
+    if args.estimators is None or args.out is None or not Path(args.out).is_dir():
+        return f"the run directories are untouched; compare them again with: {again}"
+    stuck = [str(path) for path in sorted(Path(args.out).iterdir())
+             if path.is_dir() and RunDir(path).state() == "no_checkpoint"]
+    first = (f"first remove {', '.join(stuck)} (stopped before its first checkpoint, there is "
+             "nothing to resume), then " if stuck else "")
+    return (f"the finished runs under {args.out} are kept, and a run with a checkpoint continues "
+            f"from it; {first}continue with the same command: {again}")
 
 
 def _compare(argv: list[str]) -> int:
@@ -310,6 +366,7 @@ def _compare(argv: list[str]) -> int:
                         help="compare runs whose task, model, budget or eval settings differ "
                              "(the tables then list the differing settings)")
     args = parser.parse_args(argv)
+    from gear_rl.dataclass_config import check_output_folder
     from gear_rl.report.compare import compare_runs, format_comparison
 
     try:
@@ -322,6 +379,7 @@ def _compare(argv: list[str]) -> int:
                                  "overrides; pass run directories without --estimators")
             if args.out is None:
                 raise ValueError("--out is required with --estimators (the runs go under it)")
+            check_output_folder(args.out, "--out")  # before any run trains
             estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
             comparison = run_comparison(
                 estimators, args.seeds if args.seeds is not None else [0, 1], args.out,
@@ -340,6 +398,9 @@ def _compare(argv: list[str]) -> int:
     except ValueError as error:
         print(f"gear-rl compare: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ngear-rl compare: interrupted; {_compare_stopped(args, argv)}", file=sys.stderr)
+        return 130
     print(format_comparison(comparison))
     print(f"\n[gear-rl] wrote {comparison.markdown} and {comparison.curves}", file=sys.stderr)
     return 0
@@ -427,6 +488,17 @@ def _credit_check(argv: list[str]) -> int:
     except ValueError as error:
         print(f"gear-rl credit-check: {error}", file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno not in _DISK_FULL:
+            raise
+        from gear_rl.rundir import CREDIT_CHECK_VALUES
+
+        values = Path(out or ".") / CREDIT_CHECK_VALUES
+        kept = (f"the finished trajectories are kept in {values}" if values.is_file()
+                else "no trajectory was finished yet")
+        return _no_space("credit-check", error, out or ".",
+                         f"{kept}; free some space and continue with the same command: "
+                         f"{shlex.join(['gear-rl', 'credit-check', *argv])}")
     except KeyboardInterrupt:
         print(f"\ngear-rl credit-check: interrupted; the finished trajectories are kept in "
               f"{out}/values.jsonl: rerun the same command to continue", file=sys.stderr)

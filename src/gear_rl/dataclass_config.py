@@ -5,10 +5,15 @@ the trainer's :class:`~gear_rl.train.config.TrainConfig`, the credit check and t
   dotted-key mappings (:func:`update_from_dict`: ``rollout.temperature=0.8`` sets a field of a
   section) applied to a config; a value keeps the field's type (:func:`coerce`), and an unknown
   key is an error that names the nearest valid one (:func:`settable_keys`).
-- :func:`read_yaml`: a YAML file, with errors that name the file (and the line).
+- :func:`read_yaml`: a YAML file, with errors that name the file (and the line); a key given
+  twice in one mapping is refused (and, with ``update_from_dict(unique_keys=True)``, one key
+  set both dotted and inside its section).
 - :func:`field_docs` / :func:`field_default`: a field's description (its Google-style
   ``Attributes:`` entry, what ``--help`` prints) and its default.
-- ``check_*``: a section's field checks, raising ``ValueError`` that names ``<prefix><field>``.
+- ``check_*``: a section's field checks, raising ``ValueError`` that names ``<prefix><field>``
+  (:func:`check_int`: an integer within what torch and numpy take); :func:`check_file`,
+  :func:`check_folder`, :func:`check_output_folder`: a path given by the user, with errors that
+  say what is there instead (:func:`describe_path`: nothing, a directory, a FIFO...).
 
 Nothing here knows a particular config: this module imports nothing from ``gear_rl``.
 """
@@ -19,7 +24,9 @@ import dataclasses
 import difflib
 import inspect
 import math
+import os
 import re
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,14 +36,21 @@ from typing import Any, TypeVar
 import yaml
 
 __all__ = [
+    "INT64_MAX",
     "check_at_least",
+    "check_file",
     "check_finite",
+    "check_folder",
+    "check_int",
     "check_one_of",
+    "check_output_folder",
     "check_positive",
     "check_unit_interval",
     "coerce",
+    "describe_path",
     "field_default",
     "field_docs",
+    "flatten_keys",
     "nearest",
     "parse_overrides",
     "read_yaml",
@@ -57,15 +71,39 @@ def nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | 
 
 
 def check_finite(prefix: str, section: Any) -> None:
-    """Every float knob of ``section`` is finite: nan passes every ``>=`` rule and inf every
-    ``>`` rule, and either would only surface as a broken run (``optim.lr=inf``)."""
+    """Every float knob of ``section`` is finite, and every integer knob fits in a signed 64-bit
+    integer: nan passes every ``>=`` rule and inf every ``>`` rule, and either would only
+    surface as a broken run (``optim.lr=inf``); a larger integer (``seed`` with 23 digits)
+    only as torch's or numpy's ``OverflowError``, which names no key."""
     hints = typing.get_type_hints(type(section))
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         hint = hints[f.name]
-        if (float in (hint, *typing.get_args(hint)) and isinstance(value, float)
-                and not math.isfinite(value)):
+        options = (hint, *typing.get_args(hint))
+        if float in options and isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{prefix}{f.name} must be a finite number, got {value}")
+        if int in options and isinstance(value, int) and not isinstance(value, bool):
+            check_int(prefix + f.name, value, -INT64_MAX - 1)
+
+
+# The largest integer torch, numpy and numba take (a signed 64-bit integer).
+INT64_MAX = 2**63 - 1
+
+
+def check_int(key: str, value: Any, minimum: int, *, optional: bool = False) -> None:
+    """``value`` is an integer (not a bool) in ``[minimum, INT64_MAX]`` (or None where
+    ``optional``); the error names ``key``."""
+    if optional and value is None:
+        return
+    low = "-2**63" if minimum == -INT64_MAX - 1 else str(minimum)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer >= {low}{' or None' if optional else ''}, "
+                         f"got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{key} must be an integer >= {low}, got {value}")
+    if value > INT64_MAX:
+        raise ValueError(f"{key} must be an integer <= 2**63 - 1 (64 bits, what torch and numpy "
+                         f"take), got {value}")
 
 
 def check_at_least(prefix: str, section: Any, minimum: int, *names: str) -> None:
@@ -183,11 +221,32 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
 
 class _Setter:
     """Sets dotted keys on the config ``root``; ``help_pointer`` ends the errors that list keys
-    (where the user finds every key described)."""
+    (where the user finds every key described); ``unique``: each key may be set once."""
 
-    def __init__(self, root: Any, help_pointer: str) -> None:
+    def __init__(self, root: Any, help_pointer: str, unique: bool = False) -> None:
         self.root = root
         self.pointer = f" ({help_pointer})" if help_pointer else ""
+        self.unique = unique
+        self.claimed: list[str] = []  # with unique: the full keys set so far, each once
+
+    def claim(self, full_key: str, *, whole: bool = False) -> None:
+        """With ``unique``, record that ``full_key`` is set; a key set twice in one mapping
+        (once dotted, once inside its section: the last would count without a word), or a
+        free-keyed field's key and then that whole field (``whole``), raises."""
+        if not self.unique:
+            return
+        for other in self.claimed:
+            if whole and other.startswith(full_key + "."):
+                raise ValueError(f"config key {full_key!r} is set as a whole after {other!r}, "
+                                 "which it would drop without a word: set the keys of "
+                                 f"{full_key!r} one way (dotted, or inside it), each once")
+            if other == full_key or (not whole and (other.startswith(full_key + ".")
+                                                    or full_key.startswith(other + "."))):
+                raise ValueError(f"config key {other!r} is set twice (as a dotted key and "
+                                 f"inside its section, or in two spellings of one key); only "
+                                 f"the last would count: give it once")
+        if not whole:
+            self.claimed.append(full_key)
 
     def set(self, config: Any, key: str, value: Any, full_key: str) -> None:
         name, _, rest = key.partition(".")
@@ -205,6 +264,7 @@ class _Setter:
                 self.set(getattr(config, name), str(sub), sub_value, f"{full_key}.{sub}")
             return
         if _is_mapping(hint) and rest:
+            self.claim(full_key)
             target = getattr(config, name)
             *parents, leaf = rest.split(".")
             for parent in parents:
@@ -214,6 +274,13 @@ class _Setter:
         if rest:
             raise ValueError(f"unknown config key {full_key!r}: {name!r} has no sub-keys"
                              f"{self.pointer}")
+        if _is_mapping(hint):  # the whole free-keyed field: it replaces any key set before
+            self.claim(full_key, whole=True)
+            value = coerce(full_key, value, hint)
+            for sub in value:
+                self.claim(f"{full_key}.{sub}")
+        else:
+            self.claim(full_key)
         setattr(config, name, coerce(full_key, value, hint))
 
     def unknown_key(self, full_key: str, prefix: str, config: Any) -> ValueError:
@@ -240,35 +307,55 @@ class _Setter:
                           f"{self.pointer}")
 
 
-def update_from_dict(config: ConfigT, data: Mapping[str, Any], *, help_pointer: str = ""
-                     ) -> ConfigT:
+def update_from_dict(config: ConfigT, data: Mapping[str, Any], *, help_pointer: str = "",
+                     unique_keys: bool = False) -> ConfigT:
     """Set the keys of nested (or dotted-key) mapping ``data`` on dataclass ``config`` (in place)
     and return it. A value keeps its field's type (:func:`coerce`); a dict-valued field takes
     free sub-keys; an unknown key raises naming the nearest valid key of ``config``, and the
-    errors that list keys end with ``help_pointer``."""
+    errors that list keys end with ``help_pointer``. ``unique_keys`` (one config file): a key
+    set twice, dotted and inside its section, or a dict-valued field set whole after one of its
+    keys, raises instead of the last silently winning."""
     if not isinstance(data, Mapping):
         raise ValueError(f"config must be a mapping, got {type(data).__name__}")
-    setter = _Setter(config, help_pointer)
+    setter = _Setter(config, help_pointer, unique_keys)
     for key, value in data.items():
         setter.set(config, str(key), value, str(key))
     return config
 
 
+def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}, "c.d": 2}`` -> ``{"a.b": 1, "c.d": 2}`` (an empty mapping stays a
+    value)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten_keys(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> ``{"a.b": 1, "c": "x"}``; values are parsed as YAML scalars
-    (``1e-5`` -> float, ``true`` -> bool, ``null`` -> None, ``[1, 2]`` -> list)."""
+    (``1e-5`` -> float, ``true`` -> bool, ``null`` -> None, ``[1, 2]`` -> list). A key given
+    again overrides the earlier one (layered overrides); a YAML mapping value holding one key
+    twice (``credit={a: 1, a: 2}``) raises."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"override {item!r} is not of the form key=value")
+        key = key.strip()
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else ""
+        except _DuplicateKeyError as error:
+            raise ValueError(f"override {item!r}: {error.problem}") from None
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str) and _looks_like_float(raw):
             value = float(raw)
-        out[key.strip()] = value
+        out[key] = value
     return out
 
 
@@ -280,14 +367,103 @@ def _looks_like_float(text: str) -> bool:
     return True
 
 
-def read_yaml(path: str | Path, what: str = "config file") -> Any:
-    """The YAML document at ``path`` (None for an empty file); a missing file, invalid YAML (with
-    its line) or a file that is not UTF-8 raises ``ValueError`` naming ``what`` and the path."""
+class _DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that holds one key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping holding a key twice is an error (YAML
+    requires unique keys; PyYAML keeps the last value without a word). Keys a merge (``<<``)
+    brings in may still be overridden, as YAML's merge allows."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class names it
+            if first is not None:
+                where = f"line {line}" if first == line else f"lines {first} and {line}"
+                raise _DuplicateKeyError(
+                    None, None, f"key {key!r} appears twice in one mapping ({where}); only "
+                    "the last would count: keep one", key_node.start_mark)
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _path_kind(mode: int) -> str:
+    """What a ``stat`` mode is, in words (``a directory``, ``a named pipe (FIFO)``...)."""
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"),
+             (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
+def describe_path(path: str | Path) -> str:
+    """What is at ``path``, for an error message: ``does not exist``, ``is a directory``,
+    ``is a named pipe (FIFO)``, ``is a regular file``... (links followed), or why it cannot be
+    looked at."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except NotADirectoryError:
+        return "does not exist (a folder on its path is a file)"
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    return f"is {_path_kind(mode)}"
+
+
+def check_file(path: str | Path, what: str) -> Path:
+    """``path`` if it is a regular file; otherwise ``ValueError`` naming ``what``, the path and
+    what is there instead (nothing, a directory, a FIFO...)."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"{what} {str(path)!r} does not exist")
+        found = describe_path(path)
+        tail = "" if found.startswith(("does not", "cannot")) else ", not a file"
+        raise ValueError(f"{what} {str(path)!r} {found}{tail}")
+    return path
+
+
+def check_folder(path: str | Path, what: str) -> Path:
+    """``path`` if it is a directory; otherwise ``ValueError`` naming ``what``, the path and
+    what is there instead."""
+    path = Path(path)
+    if not path.is_dir():
+        found = describe_path(path)
+        tail = "" if found.startswith(("does not", "cannot")) else ", not a directory"
+        raise ValueError(f"{what} {str(path)!r} {found}{tail}")
+    return path
+
+
+def check_output_folder(path: str | Path, what: str) -> Path:
+    """``path`` if files can be written into it: a directory, or nothing yet (it is created)
+    below a directory. A file (or a FIFO...) there or on its way raises ``ValueError`` naming
+    ``what`` and the path."""
+    path = Path(path)
+    for place in (path, *path.parents):
+        if place.is_dir():
+            return path
+        if os.path.lexists(place):
+            found = describe_path(place)
+            where = (f"{str(path)!r} {found}, not a folder" if place == path else
+                     f"{str(path)!r} cannot be created: {str(place)!r} on its path {found}")
+            raise ValueError(f"{what} {where}; give a folder (it is created if missing)")
+    return path
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """The YAML document at ``path`` (None for an empty file); a missing file (or a directory,
+    a FIFO...), invalid YAML (with its line; a key given twice in one mapping is invalid) or a
+    file that is not UTF-8 raises ``ValueError`` naming ``what`` and the path."""
+    path = check_file(path, what)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

@@ -4,11 +4,13 @@ A run of ``gear-rl train`` lives in one folder::
 
     RUN_DIR/
       config.yaml         the resolved TrainConfig (what resume and compare read)
-      run.json            facts of the run (task sizes, device, dtypes, torch version, argv)
+      run.json            facts of the run (its run_id, the fingerprint of its data files and
+                          problems, task sizes, device, dtypes, torch version, argv)
       metrics.jsonl       one JSON object per step (and per evaluation)
       samples.jsonl       a few trajectories per step with their per-token signals
       summary.json        written when the run finishes (its absence marks an unfinished run)
-      checkpoints/        step-NNNNNN/ folders and the one-line pointer ``latest``
+      checkpoints/        step-NNNNNN/ folders and the one-line pointer ``latest`` (which
+                          may name only one of these folders)
       tensorboard/        TensorBoard event files
       credit_check/       ``gear-rl credit-check RUN_DIR``'s folder (its default ``out``):
         credit_check.md     the tables
@@ -20,8 +22,9 @@ A run of ``gear-rl train`` lives in one folder::
 The trainer writes it, ``gear-rl report`` / ``compare`` read it, checkpoints are saved inside
 it, and the credit check writes its folder inside it (or anywhere else, ``out=``); every module
 that touches a run directory, or names a file in one, goes through the names and functions
-here. Whole files are written atomically (temporary file in the same folder, fsync, rename), and
-the line-oriented logs are appended one complete line at a time.
+here. Whole files are written atomically (temporary file in the same folder, fsync, rename,
+fsync of the folder), and the line-oriented logs are appended one complete line at a time; a
+write that fails (a full disk) raises an ``OSError`` naming the file.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "checkpoint_problem",
+    "file_sha256",
+    "fsync_folder",
+    "fsync_path",
     "read_jsonl",
     "write_manifest",
 ]
@@ -88,10 +94,31 @@ RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
 """What a planned run folder can hold (:meth:`RunDir.state`)."""
 
 
+def fsync_path(path: str | Path) -> None:
+    """Flush a file or a folder to disk (``fsync``). A file's: its bytes; a folder's: the
+    creation, renaming and removal of its entries, without which a renamed file can come back
+    under its old name (or not at all) after a power loss."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_folder(folder: str | Path) -> None:
+    """:func:`fsync_path` every file directly in ``folder``, then the folder itself."""
+    folder = Path(folder)
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            fsync_path(path)
+    fsync_path(folder)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename, so a
     reader (or a crash) never leaves a half-written file; ``fsync`` makes the bytes durable
-    before the rename."""
+    before the rename, and the rename itself durable (the folder's fsync) before returning.
+    An ``OSError`` (a full disk) names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -102,8 +129,12 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, fsync: bool = True) -> 
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        if fsync:
+            fsync_path(path.parent)
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(path)
         raise
 
 
@@ -146,14 +177,21 @@ def read_jsonl(path: str | Path, *, drop_partial_last: bool = False) -> list[dic
 
 
 def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one line (written with a single ``write`` call)."""
-    with Path(path).open("a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+    """Append ``record`` as one line (written with a single ``write`` call); an ``OSError`` (a
+    full disk) names ``path``."""
+    try:
+        with Path(path).open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+    except OSError as error:
+        if error.filename is None:
+            error.filename = str(path)
+        raise
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (hex)."""
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with Path(path).open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -162,7 +200,7 @@ def _sha256(path: Path) -> str:
 def write_manifest(folder: str | Path) -> None:
     """Record the size and SHA-256 of every file in a checkpoint folder (``manifest.json``)."""
     folder = Path(folder)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+    files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
              for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
     atomic_write_text(folder / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
 
@@ -170,25 +208,28 @@ def write_manifest(folder: str | Path) -> None:
 def checkpoint_problem(folder: str | Path, *, checksums: bool = True) -> str | None:
     """Why the checkpoint ``folder`` cannot be used, or None when it is intact (every file of
     its manifest present with its size and, with ``checksums``, its SHA-256). A folder without
-    a manifest is accepted when its ``state.pt`` exists."""
+    a manifest is accepted when its ``state.pt`` exists. A file that disappears while it is
+    checked (a trainer pruning the folder) is reported missing."""
     folder = Path(folder)
     if not (folder / "state.pt").is_file():
         return "no state.pt"
     manifest = folder / MANIFEST
-    if not manifest.is_file():
-        return None
     try:
         files = json.loads(manifest.read_text())["files"]
+    except FileNotFoundError:
+        return None if (folder / "state.pt").is_file() else "no state.pt"
     except (ValueError, KeyError, TypeError):
         return "an unreadable manifest.json"
     for name, entry in files.items():
         path = folder / name
-        if not path.is_file():
+        try:
+            size = path.stat().st_size
+            if size != entry["size"]:
+                return f"{name} has {size} bytes, not {entry['size']}"
+            if checksums and file_sha256(path) != entry["sha256"]:
+                return f"{name} does not match its checksum"
+        except FileNotFoundError:
             return f"{name} is missing"
-        if path.stat().st_size != entry["size"]:
-            return f"{name} has {path.stat().st_size} bytes, not {entry['size']}"
-        if checksums and _sha256(path) != entry["sha256"]:
-            return f"{name} does not match its checksum"
     return None
 
 
@@ -398,12 +439,25 @@ class RunDir:
 
         With ``verify`` (resume, evaluation): the checkpoint's files are checked against its
         manifest, and when it is damaged, or the pointer is empty or names nothing, the newest
-        intact checkpoint is returned instead, with a warning that says so."""
+        intact checkpoint is returned instead, with a warning that says so.
+
+        Raises:
+            ValueError: the pointer names something other than one of this run's own
+                ``step-NNNNNN`` folders (a path, a folder elsewhere, a link out of the run).
+        """
         pointer = self.checkpoints / LATEST
         named = None
         if pointer.is_file():
             text = pointer.read_text().strip()
             named = self.checkpoints / text if text else None
+            if named is not None and (Path(text).name != text or not text.startswith("step-")
+                                      or named.is_symlink()
+                                      or named.resolve().parent != self.checkpoints.resolve()):
+                raise ValueError(
+                    f"{pointer} names {text!r}, which is not one of this run's checkpoint "
+                    f"folders ({self.checkpoints}/step-NNNNNN): a run resumes and is evaluated "
+                    "only from its own checkpoints; write the name of one of them into it, or "
+                    "delete it to use the newest intact one")
         if not verify:
             return named if named is not None and (named / "state.pt").is_file() else None
         problem = "checkpoints/latest is missing or empty"
@@ -421,8 +475,9 @@ class RunDir:
         return None
 
     def checkpoint_folders(self) -> list[Path]:
-        """Complete checkpoint folders, oldest first."""
+        """This run's checkpoint folders (``step-NNNNNN``, not links to folders elsewhere),
+        oldest first."""
         if not self.checkpoints.is_dir():
             return []
         return sorted(p for p in self.checkpoints.iterdir()
-                      if p.is_dir() and p.name.startswith("step-"))
+                      if p.is_dir() and not p.is_symlink() and p.name.startswith("step-"))

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gear_rl.dataclass_config import check_int
+
 NORMALIZE_MODES = ("minmax", "max", "none")
 SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
 SCORE_MODES = ("divergence", "log_ratio")
@@ -31,6 +33,13 @@ def _finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
+def _flag(name: str, value: Any) -> None:
+    """``value`` is a bool: a string such as ``"ture"`` (or a 2) would otherwise switch the knob
+    on by its truth value."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 @dataclass(frozen=True)
 class OutcomeConfig:
     """The trajectory-level GRPO advantage every token-level method starts from.
@@ -44,6 +53,7 @@ class OutcomeConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        _flag("norm_by_std", self.norm_by_std)
         _finite("eps", self.eps)
         if self.eps < 0:
             raise ValueError(f"eps must be >= 0, got {self.eps}")
@@ -58,11 +68,15 @@ class GEARConfig(OutcomeConfig):
 
     Attributes:
         lambda_kl: onset threshold on the normalised divergence ``n_s > lambda_kl`` (step 4);
-            for ``entropy_only``, the threshold on the min-max-normalised entropy.
+            for ``entropy_only``, the threshold on the min-max-normalised entropy. ``>= 0``,
+            and ``< 1`` where what it thresholds is normalised to ``[0, 1]``.
         lambda_h: a segment ends at the first later policy token whose entropy exceeds
-            ``lambda_h`` times the onset's entropy (inclusive).
-        alpha: weight scale in ``W = alpha * w + beta``.
-        beta: offset in ``W``; ``None`` means ``1 - alpha / 2`` (so ``w = 0.5`` gives ``W = 1``).
+            ``lambda_h`` times the onset's entropy (inclusive); ``>= 1`` (an entropy rise).
+        alpha: weight scale in ``W = alpha * w + beta``; ``>= 0``, and ``<= 2`` with ``beta``
+            unset, so that ``W`` is never negative (a negative ``W`` flips the token's
+            advantage).
+        beta: offset in ``W``; ``None`` means ``1 - alpha / 2`` (so ``w = 0.5`` gives ``W = 1``);
+            ``>= 0``, and not 0 together with ``alpha`` (``W = 0`` everywhere).
         normalize: per-trajectory divergence normalisation over policy tokens: ``minmax``
             (``(d - min) / (max - min)``, 0 where the range is < 1e-8), ``max`` (``d / max``,
             0 where ``max`` < 1e-8), ``none`` (raw divergence).
@@ -127,13 +141,59 @@ class GEARConfig(OutcomeConfig):
             raise ValueError(
                 f"segmentation must be one of {SEGMENTATION_MODES}, got {self.segmentation!r}"
             )
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"window must be an integer >= 1, got {self.window!r}")
-        if (isinstance(self.skip_first, bool) or not isinstance(self.skip_first, int)
-                or self.skip_first < 0):
-            raise ValueError(f"skip_first must be an integer >= 0, got {self.skip_first!r}")
+        check_int("window", self.window, 1)
+        check_int("skip_first", self.skip_first, 0)
         if self.score not in SCORE_MODES:
             raise ValueError(f"score must be one of {SCORE_MODES}, got {self.score!r}")
+        for name in ("sign_aware", "mean_preserving"):
+            _flag(name, getattr(self, name))
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Each threshold and scale within the range where it means what docs/design.md
+        section 3 says: the onset threshold below the top of what it thresholds, a segment end
+        at an entropy rise, and a weight ``W`` that is never negative (a negative ``W`` flips
+        a token's advantage) and not 0 everywhere."""
+        if self.lambda_kl < 0:
+            raise ValueError(f"lambda_kl must be >= 0, got {self.lambda_kl}: the onset rule "
+                             "n_s > lambda_kl thresholds a (normalised) divergence, and a "
+                             "negative threshold makes every policy token an onset")
+        if self.segmentation == "entropy_only":
+            bounded = "the min-max-normalised entropy it thresholds"
+        elif self.segmentation != "none" and self.normalize != "none":
+            bounded = f"the {self.normalize}-normalised divergence it thresholds"
+        else:
+            bounded = ""
+        if bounded and self.lambda_kl >= 1:
+            raise ValueError(
+                f"lambda_kl must be < 1 with normalize={self.normalize!r} and segmentation="
+                f"{self.segmentation!r}, got {self.lambda_kl}: {bounded} lies in [0, 1] and an "
+                "onset needs n_s > lambda_kl, so no segment would ever open (a threshold in "
+                "nats needs normalize=none)")
+        if self.lambda_h < 1:
+            raise ValueError(
+                f"lambda_h must be >= 1, got {self.lambda_h}: a segment ends at an entropy rise, "
+                "the first later token with entropy above lambda_h times the onset's; below 1 "
+                "it would end at tokens less uncertain than the onset (at or below 0, at the "
+                "very next one)")
+        beta = self.resolved_beta
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}: W = alpha * w + beta with "
+                             "a negative alpha reverses step 6 (it raises the weights the "
+                             "sign-aware rule lowers)")
+        if beta < 0 and self.beta is None:
+            raise ValueError(
+                f"alpha must be in [0, 2] while beta is unset, got {self.alpha}: beta = 1 - "
+                f"alpha / 2 = {beta:g} makes W = alpha * w + beta negative for w < "
+                f"{-beta / self.alpha:.3g}, which flips those tokens' advantage (a failed "
+                "trajectory's tokens would be pushed up); for a wider scale set beta >= 0 too")
+        if beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}: W = alpha * w + beta would be "
+                             "negative where w is small, which flips those tokens' advantage")
+        if self.alpha + beta == 0:
+            raise ValueError("alpha and beta are both 0: every weight W = alpha * w + beta is 0, "
+                             "so every advantage is 0 and nothing is learned; alpha=0 with beta "
+                             "unset (W = 1) is GRPO")
 
     @property
     def resolved_beta(self) -> float:
@@ -171,12 +231,6 @@ class TopEntropyConfig(OutcomeConfig):
         if self.selection not in TOP_ENTROPY_SELECTIONS:
             raise ValueError(f"selection must be one of {TOP_ENTROPY_SELECTIONS}, got "
                              f"{self.selection!r}")
-
-
-def _optional_steps(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or value < 1):
-        raise ValueError(f"{name} must be None or an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -222,8 +276,7 @@ class RLSDConfig(OutcomeConfig):
             raise ValueError(f"lam must be in [0, 1], got {self.lam}")
         if not 0.0 <= self.eps_w < 1.0:
             raise ValueError(f"eps_w must be in [0, 1), got {self.eps_w}")
-        _optional_steps("lam_warmup_steps", self.lam_warmup_steps)
-        _optional_steps("lam_decay_steps", self.lam_decay_steps)
+        check_int("lam_warmup_steps", self.lam_warmup_steps, 1, optional=True)
+        check_int("lam_decay_steps", self.lam_decay_steps, 1, optional=True)
         for name in ("negative_only", "thought_only"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            _flag(name, getattr(self, name))

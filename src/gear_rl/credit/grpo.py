@@ -85,10 +85,10 @@ def outcome_advantages(batch: Outcomes, config: OutcomeConfig) -> torch.Tensor:
 
 
 @register_estimator("grpo", config=OutcomeConfig, fixed={"norm_by_std": True},
-                    paper="arXiv 2402.03300",
+                    group_relative=True, paper="arXiv 2402.03300",
                     description="GRPO: group-normalised outcome advantage on every token")
 @register_estimator("dr_grpo", config=OutcomeConfig, fixed={"norm_by_std": False},
-                    paper="arXiv 2503.20783",
+                    group_relative=True, paper="arXiv 2503.20783",
                     description="Dr.GRPO: group-centred outcome advantage, no std division")
 def broadcast_outcome(batch: CreditBatch, config: OutcomeConfig) -> torch.Tensor:
     """``[B, T]``: the trajectory advantage on each of its policy tokens, 0 elsewhere."""

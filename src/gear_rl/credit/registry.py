@@ -107,6 +107,11 @@ class Estimator:
             with a non-zero outcome advantage (``signals.teacher_rows``), since the teacher's
             signals of the other rows cannot change the loss. Implies ``row_local``'s
             independence of those rows; checked by the estimator tests.
+        group_relative: the advantage is relative to the other samples of the same prompt
+            (GRPO's baseline, a turn or episode group), so with one sample per prompt every
+            advantage is 0 by construction; a callable decides from the config
+            (``gear_steps``: its base's; ``gigpo``: only with ``omega=0``). Outcome-scaled
+            estimators are group-relative whatever this says. Use :meth:`needs_groups`.
         paper: the method's paper (for tables and ``--help``).
         description: one line.
     """
@@ -126,6 +131,7 @@ class Estimator:
     row_local: bool = False
     outcome_scaled: bool = False
     mc_boundaries: Callable[[CreditBatch, Any], list[list[int]]] | None = None
+    group_relative: bool | Callable[[Any], bool] = False
     paper: str = ""
     description: str = ""
 
@@ -147,6 +153,17 @@ class Estimator:
             return ("it needs Monte-Carlo continuations of each response between scoring and "
                     f"the update (gear-rl train's values phase), which {engine}'s step cannot run")
         return None
+
+    def needs_groups(self, config: Any | None = None) -> bool:
+        """Whether this estimator with ``config`` gives every advantage 0 when each prompt has
+        a single sample (a group of one has no baseline): a trainer must then refuse
+        ``samples_per_prompt=1``."""
+        if self.outcome_scaled:  # 0 wherever the outcome advantage is, as in a group of one
+            return True
+        if callable(self.group_relative):
+            return bool(self.group_relative(config if config is not None
+                                            else self.make_config()))
+        return bool(self.group_relative)
 
     def requires_states(self, config: Any | None = None) -> bool:
         """Whether ``batch.extras["state_keys"]`` is needed with ``config``."""
@@ -251,6 +268,7 @@ def register_estimator(
     row_local: bool = False,
     outcome_scaled: bool = False,
     mc_boundaries: Callable[[CreditBatch, Any], list[list[int]]] | None = None,
+    group_relative: bool | Callable[[Any], bool] = False,
     paper: str = "",
     description: str = "",
 ) -> Callable[[F], F]:
@@ -288,7 +306,7 @@ def register_estimator(
             needs_states=needs_states, uses_reward=uses_reward,
             self_distillation=self_distillation, update_mask=update_mask,
             row_local=row_local, outcome_scaled=outcome_scaled, mc_boundaries=mc_boundaries,
-            paper=paper, description=description)
+            group_relative=group_relative, paper=paper, description=description)
         return fn
 
     return decorator

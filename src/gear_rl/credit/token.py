@@ -214,7 +214,8 @@ def rlsd_advantages(
 
 
 @register_estimator("top_entropy", config=TopEntropyConfig, needs=("entropy",),
-                    update_mask=top_entropy_update_mask, paper="arXiv 2506.01939",
+                    update_mask=top_entropy_update_mask, group_relative=True,
+                    paper="arXiv 2506.01939",
                     description="only the top-rho highest-entropy tokens keep A")
 def top_entropy(batch: CreditBatch, config: TopEntropyConfig) -> torch.Tensor:
     """:func:`top_entropy_advantages` on ``batch``'s GRPO advantage (``selection="batch"``), or

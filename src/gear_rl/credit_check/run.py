@@ -59,6 +59,7 @@ from gear_rl.credit_check.scores import (
     span_sums,
     truth_summary,
 )
+from gear_rl.dataclass_config import check_folder
 from gear_rl.mc_values import (
     PrefixValues,
     choose_boundaries,
@@ -253,9 +254,7 @@ def run_check_config(run_dir: str | Path, overrides: dict[str, Any] | None = Non
     ``signals.chunk_size``, ``plugins``. Raises ``ValueError`` for a folder that is not a run,
     a run without a checkpoint, or another override.
     """
-    run = RunDir(run_dir)
-    if not run.path.is_dir():
-        raise ValueError(f"run directory {str(run.path)!r} does not exist")
+    run = RunDir(check_folder(run_dir, "run directory"))  # a file, a FIFO...: says which
     if not run.is_run():
         raise ValueError(f"{run.path} is not a gear-rl run directory (no config.yaml); give a "
                          "run directory, or model=... task=... to check a model")

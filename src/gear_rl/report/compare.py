@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.dataclass_config import check_output_folder
 from gear_rl.figures import Plot, band_plot, figure_png
 from gear_rl.report.data import RunData, load_run
 from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
@@ -405,13 +406,16 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
             different eval.k, runs that differ in a :data:`COMPARABLE` setting (without
             ``allow_mismatch``; one line naming the runs and settings), the same method and seed
             twice among the finished runs, an unknown baseline or one without a finished run,
-            or a bad ``confidence``/``alpha``.
+            a bad ``confidence``/``alpha``, a run directory that is not a directory (a file, a
+            FIFO: said which), or an ``out`` that is a file (or has a file on its path).
     """
     if not run_dirs:
         raise ValueError("compare: give at least one run directory")
     if not 0.0 < confidence < 1.0 or not 0.0 < alpha < 1.0:
         raise ValueError(f"confidence and alpha must lie in (0, 1), got {confidence!r}, "
                          f"{alpha!r}")
+    if out is not None:  # a file there: say so before reading every run
+        check_output_folder(out, "compare: the output folder")
     runs = [load_run(path) for path in run_dirs]
     mismatch = mismatched_settings(runs)
     if mismatch and not allow_mismatch:

@@ -21,6 +21,7 @@ from typing import Any
 
 from gear_rl.credit.config import GEARConfig
 from gear_rl.credit.segments import normalize_reference
+from gear_rl.dataclass_config import check_folder
 from gear_rl.rundir import CONFIG, CREDIT_CHECK_DIR, CREDIT_CHECK_JSON, METRICS, RunDir
 
 __all__ = [
@@ -107,9 +108,7 @@ def load_run(run_dir: str | Path) -> RunData:
         ValueError: when ``run_dir`` is not a directory or holds neither ``metrics.jsonl`` nor
             ``config.yaml``, or a file in it is malformed.
     """
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise ValueError(f"run directory {str(path)!r} does not exist")
+    path = check_folder(run_dir, "run directory")  # a file, a FIFO...: says which
     run = RunDir(path)
     if not run.metrics_path.is_file() and not run.is_run():
         raise ValueError(f"{path} is not a gear-rl run directory (no {METRICS} or {CONFIG})")

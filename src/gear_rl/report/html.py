@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.dataclass_config import check_output_folder
 from gear_rl.figures import figure_png
 from gear_rl.report.assets import SCRIPT, STYLE
 from gear_rl.report.data import (
@@ -28,9 +29,9 @@ from gear_rl.report.data import (
     top_divergence_tokens,
 )
 from gear_rl.report.plots import training_curves
-from gear_rl.rundir import atomic_write_bytes, atomic_write_text
+from gear_rl.rundir import atomic_write_bytes
 
-__all__ = ["Report", "build_report", "render_html", "viewer_data"]
+__all__ = ["Report", "build_report", "render_html", "script_json", "viewer_data"]
 
 # (key in the viewer, samples.jsonl field or derived, label, kind, help text)
 SIGNALS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -88,6 +89,24 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(item) for item in value]
     return value
+
+
+# JSON's grammar puts these characters only inside strings, where the escape means the same.
+_SCRIPT_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def script_json(value: Any) -> str:
+    """``value`` as strict JSON text that can sit inside ``<script type="application/json">``
+    and end exactly where the page ends that element, whatever strings it holds.
+
+    Every ``<``, ``>`` and ``&`` is written as a ``\\u`` escape and everything else outside
+    ASCII too, so the text holds no markup at all: no ``</script``, and no ``<!--`` that would
+    put the HTML tokenizer into its "script data (double) escaped" states, where a later
+    ``</script>`` no longer ends the element (in Chromium the viewer then draws nothing).
+    ``JSON.parse`` of the element's text gives back ``value`` exactly (floats that are not
+    finite become null: see ``_json_safe``)."""
+    text = json.dumps(_json_safe(value), ensure_ascii=True, allow_nan=False)
+    return text.translate(_SCRIPT_ESCAPES)
 
 
 def _trajectory(sample: dict[str, Any], mode: str,
@@ -248,9 +267,7 @@ def render_html(run: RunData, plots: list[tuple[str, str, bytes]], skipped: list
         for name, title, png in plots)
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in skipped)
     notes_html = f'<ul class="notes" id="skipped">{notes}</ul>' if notes else ""
-    data = json.dumps(_json_safe(viewer_data(run, max_steps)), ensure_ascii=True,
-                      allow_nan=False)
-    data = data.replace("</", "<\\/")  # no "</script>" can end the data block early
+    data = script_json(viewer_data(run, max_steps))
     rows = top_divergence_tokens(run.samples, threshold, run.normalize_mode)
     logged_steps = len({s.get("step") for s in run.samples})
     title = f"gear-rl report: {run.path.name}"
@@ -303,13 +320,15 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_step
         threshold: normalised-divergence threshold of the top-tokens table.
 
     Raises:
-        ValueError: when ``run_dir`` is not a run directory or a file in it is malformed, or
-            for a bad ``max_steps``/``threshold``.
+        ValueError: when ``run_dir`` is not a run directory or a file in it is malformed, when
+            ``out`` (or a folder on its path) is a file, or for a bad
+            ``max_steps``/``threshold``.
     """
     if not math.isfinite(threshold):
         raise ValueError(f"threshold must be finite, got {threshold!r}")
     run = load_run(run_dir)
-    folder = Path(out) if out is not None else run.path / "report"
+    folder = check_output_folder(Path(out) if out is not None else run.path / "report",
+                                 "report folder")  # a file there: say so, before any work
     plots, skipped = training_curves(run)
     if not run.samples:
         skipped.append("token viewer and top tokens: samples.jsonl is missing or empty "
@@ -321,5 +340,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, max_step
         paths.append(folder / f"{name}.png")
         atomic_write_bytes(paths[-1], png)
     page = folder / "report.html"
-    atomic_write_text(page, text)
+    # A lone surrogate (a token or a folder name that was not valid UTF-8) shows as its escape
+    # instead of making the page unwritable.
+    atomic_write_bytes(page, text.encode("utf-8", errors="backslashreplace"))
     return Report(html=page, plots=paths, skipped=skipped)

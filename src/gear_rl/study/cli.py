@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
     if not argv or any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0 if argv else 2
+    from gear_rl.dataclass_config import check_output_folder
     from gear_rl.rundir import RunDir
     from gear_rl.study.report import analyze_study, write_study
     from gear_rl.study.runner import run_study, select_cells
@@ -88,7 +89,8 @@ def main(argv: list[str]) -> int:
                 raise ValueError(f"unknown argument {key!r}; {hint}")
             options[key] = value
         spec = load_spec(path)
-        out = Path(options.get("out") or Path("runs") / "study" / spec.name)
+        out = check_output_folder(options.get("out") or Path("runs") / "study" / spec.name,
+                                  "out")  # a file there: one line, not a traceback
         jobs = _positive("jobs", options["jobs"]) if "jobs" in options else None
         threads = _positive("threads", options["threads"]) if "threads" in options else None
         train = _bool("train", options.get("train", "true"))

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from gear_rl.dataclass_config import flatten_keys, read_yaml
 from gear_rl.report.compare import COMPARABLE
 from gear_rl.train.config import TrainConfig, load_config
 
@@ -205,28 +204,8 @@ class StudySpec:
 def load_spec(path: str | Path) -> StudySpec:
     """Read and check the study file at ``path`` (see :func:`parse_spec`)."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"study spec {str(path)!r} does not exist")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        where = getattr(error, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise ValueError(f"study spec {str(path)!r} is not valid YAML{line}: "
-                         f"{getattr(error, 'problem', None) or error}") from None
-    return parse_spec(data, path=path)
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}, "c.d": 2}`` -> ``{"a.b": 1, "c.d": 2}``."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
+    # read_yaml refuses a key given twice in one mapping, as a config file's
+    return parse_spec(read_yaml(path, "study spec"), path=path)
 
 
 def _covers(key: str, setting: str) -> bool:
@@ -256,7 +235,7 @@ class _Checker:
                 raise self.fail(f"unknown key {name}{key!r}; {hint}")
 
     def overrides(self, value: Any, name: str) -> dict[str, Any]:
-        flat = _flatten(self.mapping(value, name))
+        flat = flatten_keys(self.mapping(value, name))
         for key in flat:
             for reserved, why in _RESERVED.items():
                 if _covers(key, reserved):

@@ -1,11 +1,16 @@
 """The checkpoint format: ``RUN_DIR/checkpoints/step-000010/`` with the fp32 weights
-(safetensors), the optimiser state, and ``state.pt`` (step, RNG states). A checkpoint is written
-into a temporary folder and renamed into place, then ``checkpoints/latest`` is replaced atomically
-(paths and atomic writes: :mod:`gear_rl.rundir`); an interrupted write leaves the previous
-checkpoint intact."""
+(safetensors), the optimiser state, ``state.pt`` (step, RNG states) and ``state.json`` (the step,
+the run's id and its resolved config: which run, and which config, the checkpoint belongs to).
+A checkpoint is written into a temporary folder, every file and the folder are fsynced, the
+folder is renamed into place, then ``checkpoints/latest`` is replaced atomically and durably, and
+only then are older checkpoints pruned (paths and atomic writes: :mod:`gear_rl.rundir`): an
+interrupted write, a full disk or a power loss leaves ``latest`` naming a complete checkpoint.
+Readers of a run that is still training (evaluation) load through :func:`read_checkpoint`, which
+moves on to the newest intact checkpoint when the trainer prunes the one being read."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,10 +23,17 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gear_rl.rundir import RunDir, write_manifest
+from gear_rl.rundir import RunDir, checkpoint_problem, fsync_folder, fsync_path, write_manifest
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "rng_state", "save_checkpoint",
-           "set_rng_state"]
+__all__ = ["checkpoint_identity", "latest_checkpoint", "load_checkpoint", "read_checkpoint",
+           "rng_state", "save_checkpoint", "set_rng_state"]
+
+STATE_JSON = "state.json"
+"""A checkpoint's readable state: ``step``, ``run_id`` and ``config`` (:func:`save_checkpoint`)."""
+READ_ATTEMPTS = 5
+"""How many checkpoints :func:`read_checkpoint` tries when each is pruned while it is read."""
+_FULL_BYTES = 1 << 20
+"""Free space under which a failed checkpoint write is taken for a full disk."""
 
 
 def rng_state() -> dict[str, Any]:
@@ -52,10 +64,21 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any] | None = None,
     keep: int = 1,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and prune all but the ``keep`` newest.
+    """Write the checkpoint of ``step`` durably and prune all but the ``keep`` newest.
+
+    ``config``: the run's resolved config (``config_to_dict``), recorded in ``state.json`` with
+    the run's id (``run.json``'s ``run_id``) so that a resume recognises a checkpoint of another
+    run or of another config (:func:`checkpoint_identity`). Every file and folder is fsynced
+    before ``latest`` moves, and ``latest`` before an older checkpoint is removed.
 
     Returns the checkpoint folder.
+
+    Raises:
+        OSError: ``ENOSPC`` naming the checkpoints folder when the disk fills up (torch and
+            safetensors report it as a bare write failure); the partial checkpoint is removed,
+            and ``latest`` and the checkpoints before it are left as they were.
     """
     run = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     root = run.checkpoints
@@ -64,25 +87,37 @@ def save_checkpoint(
     tmp = root / f".tmp-{final.name}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    # Tied weights (lm_head = embed_tokens) share storage; keep the first name of each tensor.
-    seen: set[int] = set()
-    tensors = {}
-    for name, tensor in model.state_dict().items():
-        key = tensor.untyped_storage().data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        tensors[name] = tensor.detach().to("cpu").contiguous()
-    save_file(tensors, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"step": step, "rng": rng_state(), **(extra or {})}, tmp / "state.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step}) + "\n")
-    write_manifest(tmp)  # sizes and checksums: a damaged checkpoint is recognised on load
+    try:
+        tmp.mkdir()
+        # Tied weights (lm_head = embed_tokens) share storage; keep the first name of each.
+        seen: set[int] = set()
+        tensors = {}
+        for name, tensor in model.state_dict().items():
+            key = tensor.untyped_storage().data_ptr()
+            if key in seen:
+                continue
+            seen.add(key)
+            tensors[name] = tensor.detach().to("cpu").contiguous()
+        save_file(tensors, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save({"step": step, "rng": rng_state(), **(extra or {})}, tmp / "state.pt")
+        identity = {"step": step, "run_id": run.read_info().get("run_id"),
+                    "config": None if config is None else {**config, "out": str(run.path)}}
+        (tmp / STATE_JSON).write_text(json.dumps(identity) + "\n")
+        write_manifest(tmp)  # sizes and checksums: a damaged checkpoint is recognised on load
+        fsync_folder(tmp)
+    except BaseException as error:
+        full = _out_of_space(error, root)  # before the partial files are removed
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full:
+            raise OSError(errno.ENOSPC, f"No space left on device (checkpoint {final.name} was "
+                          "not written)", str(root)) from error
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    run.point_latest(final)
+    fsync_path(root)
+    run.point_latest(final)  # atomic, and fsynced with its folder
     checkpoints = run.checkpoint_folders()
     for old in checkpoints[:-keep] if keep > 0 else []:
         if old != final:
@@ -95,6 +130,17 @@ def latest_checkpoint(run_dir: str | Path | RunDir) -> Path | None:
     return (run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)).latest_checkpoint()
 
 
+def checkpoint_identity(folder: str | Path) -> dict[str, Any]:
+    """What ``state.json`` says a checkpoint belongs to: ``step``, ``run_id`` (the run's id,
+    ``run.json``) and ``config`` (its resolved config); a checkpoint written before these were
+    recorded has the step alone, and an unreadable file gives {}."""
+    try:
+        loaded = json.loads((Path(folder) / STATE_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
 def load_checkpoint(
     folder: str | Path,
     model: torch.nn.Module,
@@ -104,6 +150,11 @@ def load_checkpoint(
 
     Returns the saved state dict (``step``, ``rng`` and any extras); the RNG states are not
     applied here (see :func:`set_rng_state`).
+
+    Raises:
+        ValueError: the weights cannot be read, or do not fit ``model`` (other tensor names or
+            shapes: a checkpoint of another model); the message names the first difference and
+            the model the checkpoint was trained with.
     """
     folder = Path(folder)
     try:
@@ -111,11 +162,78 @@ def load_checkpoint(
     except (OSError, SafetensorError) as error:
         raise ValueError(f"checkpoint {folder} cannot be read ({error}); it may be damaged: "
                          "an older one in the same folder is used when resuming") from error
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    tied = {name for name in missing if name.endswith("lm_head.weight")}
-    if set(missing) - tied or unexpected:
-        raise ValueError(f"checkpoint {folder} does not match the model: missing "
-                         f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+    expected = model.state_dict()
+    shapes = [f"{name} is {list(tensor.shape)} there and {list(expected[name].shape)} in the "
+              "model" for name, tensor in tensors.items()
+              if name in expected and tensor.shape != expected[name].shape]
+    missing = set(expected) - set(tensors)
+    missing -= {name for name in missing if name.endswith("lm_head.weight")}  # tied
+    unexpected = set(tensors) - set(expected)
+    if shapes or missing or unexpected:
+        trained = (checkpoint_identity(folder).get("config") or {}).get("model")
+        source = f" (it was trained with model={trained})" if trained else ""
+        first = shapes[0] if shapes else (f"missing {sorted(missing)[:3]}, unexpected "
+                                          f"{sorted(unexpected)[:3]}")
+        more = f" and {len(shapes) - 1} more tensors differ" if len(shapes) > 1 else ""
+        raise ValueError(f"checkpoint {folder} does not match the model being loaded{source}: "
+                         f"{first}{more}; load it into the model it was trained with")
+    model.load_state_dict(tensors, strict=False)
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
     return torch.load(folder / "state.pt", weights_only=False)
+
+
+def read_checkpoint(target: str | Path, model: torch.nn.Module) -> tuple[Path, dict[str, Any]]:
+    """Load the weights of ``target`` into ``model`` for a reader (``gear-rl eval``): a
+    checkpoint folder, or a run directory, whose newest intact checkpoint is used.
+
+    A run that is still training prunes its older checkpoints (``log.keep_checkpoints``),
+    possibly under its readers: when the checkpoint chosen in a run directory disappears while
+    it is read, the run's newest intact checkpoint is read instead (up to
+    :data:`READ_ATTEMPTS` checkpoints). Returns the folder loaded and its saved state (``step``).
+
+    Raises:
+        ValueError: ``target`` holds no intact checkpoint, a named checkpoint folder was
+            removed while it was read, or the weights do not fit ``model``.
+    """
+    path = Path(target)
+    named = (path / "model.safetensors").is_file()
+    for _ in range(READ_ATTEMPTS):
+        if named:
+            problem = checkpoint_problem(path)
+            if problem:
+                raise ValueError(f"checkpoint: {path} is damaged ({problem})")
+            folder: Path | None = path
+        else:
+            folder = RunDir(path).latest_checkpoint(verify=True)
+        if folder is None:
+            raise ValueError(f"checkpoint: {path} is neither a checkpoint folder nor a run "
+                             "directory with one")
+        try:
+            return folder, load_checkpoint(folder, model)
+        except (OSError, ValueError):
+            if checkpoint_problem(folder, checksums=False) is None:
+                raise  # the checkpoint is still there: not a pruning
+        if named:
+            raise ValueError(f"checkpoint: {path} was removed while it was read (the run that "
+                             "wrote it prunes older checkpoints, log.keep_checkpoints); run the "
+                             "command again, or give the run directory to read its newest "
+                             "checkpoint")
+    raise ValueError(f"checkpoint: {READ_ATTEMPTS} checkpoints of {path} in a row were removed "
+                     "while they were read; try again")
+
+
+def _out_of_space(error: BaseException, folder: Path) -> bool:
+    """Whether ``error``, raised while writing into ``folder``, comes from a full disk: an
+    ``OSError`` ENOSPC or EDQUOT, or the bare write failure torch and safetensors raise instead
+    (``RuntimeError: ... unexpected pos``, ``SafetensorError``) on a file system left with
+    (almost) no free space."""
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    if not isinstance(error, (RuntimeError, SafetensorError)):
+        return False
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < _FULL_BYTES

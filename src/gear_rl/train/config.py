@@ -21,6 +21,7 @@ from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugi
 from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
+    check_int,
     check_one_of,
     check_positive,
     check_unit_interval,
@@ -226,7 +227,7 @@ class SignalConfig:
 
     Attributes:
         divergence: ``full`` (exact reverse KL), ``topk``, ``k1`` or ``k3``.
-        topk: support size for ``divergence=topk`` (required there).
+        topk: support size for ``divergence=topk`` (required there, refused elsewhere).
         chunk_size: LM-head rows per chunk (None: automatic).
         batch_size: rows per no-grad scoring forward (old log-probs, signals, reference).
         placement: where the reference goes in the teacher prompt (``user_end``,
@@ -268,6 +269,11 @@ class SignalConfig:
         check_one_of(prefix + "teacher_rows", self.teacher_rows, TEACHER_ROWS)
         if self.divergence == "topk" and self.topk is None:
             raise ValueError(f"{prefix}topk must be set for {prefix}divergence=topk")
+        if self.divergence != "topk" and self.topk is not None:
+            # the signal pass refuses it (at the first step, after the run folder exists)
+            raise ValueError(f"{prefix}topk={self.topk} applies to {prefix}divergence=topk "
+                             f"only, and {prefix}divergence is {self.divergence!r}: set "
+                             f"{prefix}divergence=topk, or drop {prefix}topk")
         if self.answer_template is not None and "{reference}" not in self.answer_template:
             raise ValueError(f"{prefix}answer_template must contain '{{reference}}'")
 
@@ -287,7 +293,7 @@ class EvalConfig:
         seed: sampling seed of evaluation (independent of the training seed, so runs with
             different seeds are scored on identical draws of the starting model; on single-turn
             tasks each (problem, sample) keeps its own draws whatever the model generates, so
-            two runs are compared draw by draw: gear_rl.train.evaluate).
+            two runs are compared draw by draw: gear_rl.train.evaluate); in ``[0, 2**63 - 1]``.
         batch_size: rows per generation batch (None: all at once). Agent and environment
             tasks decode at most a training rollout's rows at once
             (``rollout.prompts_per_step x rollout.samples_per_prompt``), whose KV caches span
@@ -311,6 +317,7 @@ class EvalConfig:
     def validate(self, name: str = "eval") -> None:
         """Raise ``ValueError`` naming the first bad field as ``<name>.<field>``."""
         prefix = name + "."
+        check_int(prefix + "seed", self.seed, 0)  # torch takes it
         check_finite(prefix, self)
         check_at_least(prefix, self, 1, "size", "k", "max_new_tokens", "batch_size")
         check_at_least(prefix, self, 0, "every")
@@ -411,7 +418,7 @@ class TrainConfig:
             estimators (``plugins=[my_pkg.my_credit]``).
         credit: the estimator's config fields (e.g. ``credit.lambda_kl=0.2``).
         steps: training steps (one rollout batch and its updates each).
-        seed: training seed (data order, sampling, tiny-model init).
+        seed: training seed (data order, sampling, tiny-model init), in ``[0, 2**63 - 1]``.
         out: run directory (None: ``runs/<time>-<estimator>-s<seed>``).
         resume: a run directory to continue from its latest checkpoint.
         device: ``auto`` (cuda when available), ``cpu``, ``cuda``, ``cuda:1``...
@@ -461,7 +468,8 @@ class TrainConfig:
         each section's own check, the credit fields (the estimator's config class checks them),
         then the rules across sections."""
         estimator = self.credit_estimator()  # plugins first: they may register the estimator
-        check_finite("", self)
+        check_int("seed", self.seed, 0)  # torch and numpy take it
+        check_finite("", self)  # and every integer within 64 bits
         check_at_least("", self, 1, "steps", "train_size", "threads")
         check_one_of("precision", self.precision, PRECISIONS)
         if not isinstance(self.model, str) or not self.model.strip():
@@ -473,7 +481,13 @@ class TrainConfig:
             section = getattr(self, f.name)
             if dataclasses.is_dataclass(section):
                 cast(Any, section).validate(f.name)  # every section has validate(prefix)
-        self.credit_config(estimator)
+        credit = self.credit_config(estimator)
+        if self.rollout.samples_per_prompt == 1 and estimator.needs_groups(credit):
+            raise ValueError(
+                f"rollout.samples_per_prompt=1 gives estimator={self.estimator} nothing to learn "
+                "from: its advantage is relative to the other samples of the same prompt, and "
+                "a group of one has none, so every advantage would be 0; set "
+                "rollout.samples_per_prompt >= 2")
         batch = self.rollout.prompts_per_step * self.rollout.samples_per_prompt
         if self.loss.minibatches > batch:
             raise ValueError(f"loss.minibatches ({self.loss.minibatches}) exceeds the rollout "
@@ -535,10 +549,13 @@ def valid_keys() -> list[str]:
     return settable_keys(TrainConfig)
 
 
-def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None) -> TrainConfig:
-    """A :class:`TrainConfig` from nested (or dotted-key) mapping ``data`` on top of ``base``."""
+def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None, *,
+                     unique_keys: bool = False) -> TrainConfig:
+    """A :class:`TrainConfig` from nested (or dotted-key) mapping ``data`` on top of ``base``;
+    ``unique_keys`` (a config file): a key set twice in ``data`` (dotted and inside its section)
+    raises."""
     config = base if base is not None else TrainConfig()
-    return update_from_dict(config, data, help_pointer=_HELP_POINTER)
+    return update_from_dict(config, data, help_pointer=_HELP_POINTER, unique_keys=unique_keys)
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
@@ -553,11 +570,16 @@ def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
                 validate: bool = True) -> TrainConfig:
-    """Defaults, then the YAML file at ``path`` (if any), then ``overrides``; validated unless
+    """Defaults, then the YAML file at ``path`` (if any; each key set once there, errors name
+    the file), then ``overrides`` in order (a later one wins); validated unless
     ``validate=False`` (keys and types are checked either way)."""
     config = TrainConfig()
     if path is not None:
-        config_from_dict(read_yaml(path) or {}, config)
+        data = read_yaml(path) or {}
+        try:
+            config_from_dict(data, config, unique_keys=True)
+        except ValueError as error:
+            raise ValueError(f"config file {str(path)!r}: {error}") from None
     apply_overrides(config, overrides)
     if validate:
         config.validate()

@@ -7,9 +7,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import hashlib
+import json
 import os
 import sys
 import time
+import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,9 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gear_rl.agent.loop import AgentLimits
-from gear_rl.rundir import RunDir, checkpoint_problem
+from gear_rl.dataclass_config import flatten_keys
+from gear_rl.rundir import RunDir, file_sha256
 from gear_rl.sampling import SamplingParams, stop_token_ids
-from gear_rl.tasks import Task, load_task
+from gear_rl.tasks import Problem, Task, load_task
+from gear_rl.tasks.verl_data import SUFFIXES
 from gear_rl.train.config import (
     EvalConfig,
     RolloutConfig,
@@ -33,8 +39,9 @@ from gear_rl.train.episodes import task_turns
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["Runtime", "agent_limits", "bf16_is_native", "build_runtime", "cpu_model",
-           "evaluate_model", "memory_metrics", "open_run", "release_free_memory",
+__all__ = ["RESUMABLE", "Runtime", "agent_limits", "bf16_is_native", "build_runtime",
+           "config_differences", "cpu_model", "data_fingerprint", "evaluate_model",
+           "memory_metrics", "open_run", "release_free_memory",
            "reset_device_peak", "resolve_device", "resume_config", "rollout_settings",
            "run_evaluation", "run_path", "sampling_params", "sandbox_secrets", "status_bytes",
            "task_sandbox"]
@@ -329,6 +336,8 @@ class Runtime:
         heap_reuse: whether :func:`keep_heap_pages` was applied (config ``heap_reuse``);
             where not, the update trims the heap every few layers (:func:`heap_trims`) and
             frees the sampler copy's weights while it runs (:meth:`release_sampler`).
+        checkpoint, checkpoint_step: the checkpoint folder loaded into the policy and its
+            training step (None: the model's own weights).
     """
 
     device: torch.device
@@ -341,6 +350,8 @@ class Runtime:
     task: Task
     sandbox: PythonSandbox | None
     heap_reuse: bool = False
+    checkpoint: Path | None = None
+    checkpoint_step: int | None = None
 
     def autocast_context(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on the run's device, or a no-op."""
@@ -377,21 +388,6 @@ class Runtime:
             self.sandbox = None
 
 
-def _checkpoint_folder(path: str | Path) -> Path:
-    """A checkpoint folder itself, or a run directory's latest checkpoint."""
-    folder = Path(path)
-    if (folder / "model.safetensors").is_file():
-        problem = checkpoint_problem(folder)
-        if problem:
-            raise ValueError(f"checkpoint: {folder} is damaged ({problem})")
-        return folder
-    found = RunDir(folder).latest_checkpoint(verify=True)
-    if found is None:
-        raise ValueError(f"checkpoint: {folder} is neither a checkpoint folder nor a run "
-                         "directory with one")
-    return found
-
-
 def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
                   tokenizer: Any = None, task: Task | None = None,
                   checkpoint: str | Path | None = None, training: bool = True,
@@ -402,7 +398,9 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
         config: the run's config.
         model, tokenizer: an already-loaded policy (tests); None loads ``config.model``.
         task: an already-built task; None builds ``config.task``.
-        checkpoint: weights to load into the policy (a checkpoint folder or a run directory).
+        checkpoint: weights to load into the policy (a checkpoint folder or a run directory,
+            whose newest intact checkpoint is used: :func:`~gear_rl.train.checkpoint.
+            read_checkpoint`); the runtime's ``checkpoint`` and ``checkpoint_step`` say which.
         training: keep an fp32 policy beside a bf16 sampler copy; ``False`` (evaluation) casts
             the policy itself to the sampler's dtype.
         run_dir: the run's folder, hidden from the sandbox of tool-using tasks.
@@ -424,11 +422,12 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
         raise ValueError("tokenizer is required when model is given")
     model = model.to(device).float()
     model.eval()  # no dropout: the loss must score the sampling distribution
+    folder, loaded_step = None, None
     if checkpoint is not None:
-        from gear_rl.train.checkpoint import load_checkpoint
+        from gear_rl.train.checkpoint import read_checkpoint
 
-        folder = _checkpoint_folder(checkpoint)
-        load_checkpoint(folder, model)
+        folder, state = read_checkpoint(checkpoint, model)
+        loaded_step = int(state["step"])
         broken = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
         if broken:
             raise ValueError(f"checkpoint: {folder} holds NaN or inf weights ({broken[0]} and "
@@ -451,7 +450,8 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     return Runtime(device=device, autocast=autocast, model=model, tokenizer=tokenizer,
                    sampler=sampler, stop_ids=stops, pad_id=int(pad if pad is not None
                                                                else stops[0]),
-                   task=task, sandbox=task_sandbox(task, config, run_dir), heap_reuse=reuse)
+                   task=task, sandbox=task_sandbox(task, config, run_dir), heap_reuse=reuse,
+                   checkpoint=folder, checkpoint_step=loaded_step)
 
 
 def run_path(config: TrainConfig) -> Path:
@@ -468,9 +468,14 @@ def run_path(config: TrainConfig) -> Path:
 def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optimizer,
              path: str | Path | None = None) -> tuple[RunDir, int]:
     """The run directory of ``config``, locked for this process, and the step it continues
-    after: a new one (``out``, refusing any folder whose files it would overwrite), or, with
+    after: a new one (``out``, refusing any folder whose files it would overwrite; its
+    ``run.json`` records a new ``run_id`` and the :func:`data_fingerprint`), or, with
     ``resume``, the existing run with its newest intact checkpoint loaded into the policy and
-    ``optimizer`` (RNG states restored, logs after that step dropped)."""
+    ``optimizer`` (RNG states restored, logs after that step dropped).
+
+    A resume is refused (``ValueError``, naming what differs) when the data differ from what
+    the run started with, when the checkpoint was written by another run, or when the config
+    differs from the one the checkpoint was trained with beyond :data:`RESUMABLE`."""
     path = Path(path) if path is not None else run_path(config)
     if config.resume:
         run = RunDir(path)
@@ -481,6 +486,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
             checkpoint = run.latest_checkpoint(verify=True)
             if checkpoint is None:
                 raise ValueError(f"resume: {run.path} has no intact checkpoint to resume from")
+            _check_resume(run, checkpoint, config, runtime.task)
             from gear_rl.train.checkpoint import load_checkpoint, set_rng_state
 
             state = load_checkpoint(checkpoint, runtime.model, optimizer)
@@ -501,6 +507,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
         resolved = config_to_dict(config)
         resolved["out"] = str(run.path)
         run.create(resolved, {
+            "run_id": uuid.uuid4().hex, "data": data_fingerprint(config, runtime.task),
             "task": runtime.task.name, "train_problems": len(runtime.task.train),
             "eval_problems": len(runtime.task.eval), "device": str(runtime.device),
             "cpu": cpu_model(), "autocast_bf16": runtime.autocast,
@@ -516,23 +523,138 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
     return run, 0
 
 
+RESUMABLE = ("steps", "threads", "device", "log.", "eval.every", "resume", "out")
+"""The config keys (dotted prefixes) a resumed run may change: anything else would make the
+continued run a different run (``out`` may only name the run's own folder)."""
+
+
+def config_differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The keys outside :data:`RESUMABLE` where two configs (``config_to_dict`` dicts, or what
+    ``config.yaml`` / a checkpoint's ``state.json`` hold) differ, as ``"key: A, then B"``. Both
+    are read as this version reads a run's config: an option added since counts as its
+    default."""
+    def normal(data: dict[str, Any]) -> dict[str, Any]:
+        with contextlib.suppress(ValueError):  # a key this version does not know: a difference
+            data = config_to_dict(config_from_dict(copy.deepcopy(data)))
+        return flatten_keys(json.loads(json.dumps(data, default=str)))
+
+    first, second = normal(before), normal(after)
+    return [f"{key}: {first.get(key)!r}, then {second.get(key)!r}"
+            for key in sorted(first.keys() | second.keys())
+            if not key.startswith(RESUMABLE) and first.get(key) != second.get(key)]
+
+
+def _problems_digest(problems: Sequence[Problem]) -> dict[str, Any]:
+    rows = [[p.id, p.prompt, p.answer, p.reference, p.reference_kind] for p in problems]
+    text = json.dumps(rows, sort_keys=True, default=str)
+    return {"count": len(rows), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+
+
+def _data_files(config: TrainConfig) -> dict[str, Path]:
+    """The data files ``config`` makes a run read, by the key that names them: ``task`` (a
+    dataset file, or ``toolrl:PATH``), ``eval_data``, and any ``task_options`` value that names
+    a file."""
+    named: list[tuple[str, Any]] = [
+        ("task", text) for text in {config.task, config.task.partition(":")[2]}
+        if text.endswith(SUFFIXES)]
+    named.append(("eval_data", config.eval_data))
+    named.extend((f"task_options.{key}", value)
+                 for key, value in flatten_keys(config.task_options).items())
+    return {key: Path(value).expanduser() for key, value in named
+            if isinstance(value, str) and value and Path(value).expanduser().is_file()}
+
+
+def data_fingerprint(config: TrainConfig, task: Task) -> dict[str, Any]:
+    """What a run trains and evaluates on, as ``run.json`` records it (``data``) for a resume
+    to check: the path, size and SHA-256 of every data file ``config`` names (``files``, by
+    key: ``task``, ``eval_data``, ``task_options.KEY``), and the count and a digest of the
+    ``train`` and ``eval`` problems as loaded (ids, prompts, answers, references), which also
+    covers generated tasks."""
+    files = {key: {"path": str(path.resolve()), "size": path.stat().st_size,
+                   "sha256": file_sha256(path)} for key, path in _data_files(config).items()}
+    return {"files": files, "train": _problems_digest(task.train),
+            "eval": _problems_digest(task.eval)}
+
+
+def _data_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """How the data now (:func:`data_fingerprint`) differ from those recorded."""
+    changes = []
+    then_files, now_files = recorded.get("files", {}), current["files"]
+    for key in sorted(then_files.keys() | now_files.keys()):
+        then, now = then_files.get(key), now_files.get(key)
+        if then is None:
+            changes.append(f"{key}={now['path']} was not read when the run started")
+        elif now is None:
+            changes.append(f"{key}={then['path']} is no longer read")
+        elif (then["size"], then["sha256"]) != (now["size"], now["sha256"]):
+            changes.append(f"{key}={now['path']} changed since the run started ({then['size']} "
+                           f"bytes, sha256 {then['sha256'][:12]}... then; {now['size']} bytes, "
+                           f"sha256 {now['sha256'][:12]}... now)")
+    for split, what in (("train", "training"), ("eval", "held-out")):
+        then, now = recorded.get(split), current[split]
+        if then is not None and then != now:
+            changes.append(f"the {now['count']} {what} problems loaded now differ from the "
+                           f"{then['count']} the run started with")
+    return changes
+
+
+def _check_resume(run: RunDir, checkpoint: Path, config: TrainConfig, task: Task) -> None:
+    """Refuse to resume ``run`` from ``checkpoint`` on other data, from another run's
+    checkpoint, or with another config than the checkpoint's (see :func:`open_run`)."""
+    from gear_rl.train.checkpoint import checkpoint_identity
+
+    info = run.read_info()
+    recorded = info.get("data")
+    if recorded is None:
+        warnings.warn(f"resume: {run.path}/run.json records no data fingerprint (a run started "
+                      "by an older gear-rl): the data cannot be checked against what the run "
+                      "started with", stacklevel=3)
+    else:
+        changes = _data_changes(recorded, data_fingerprint(config, task))
+        if changes:
+            raise ValueError(f"resume: {run.path} was started on other data: "
+                             f"{'; '.join(changes)}. A resumed run trains and evaluates on the "
+                             "data it started with: restore them, or train a new run (another "
+                             "out=) on the new data")
+    identity = checkpoint_identity(checkpoint)
+    saved = identity.get("config")
+    differences = ([] if saved is None
+                   else config_differences(saved, config_to_dict(config)))
+    ours, theirs = info.get("run_id"), identity.get("run_id")
+    if ours and theirs and ours != theirs:
+        written = (saved or {}).get("out") or "another folder"
+        raise ValueError(f"resume: {checkpoint} was written by another run ({written}, run id "
+                         f"{theirs}), not by {run.path} (run id {ours})"
+                         + (f"; it differs in {'; '.join(differences)}" if differences else "")
+                         + ": a run resumes only from its own checkpoints; remove them, or "
+                         "resume the run they belong to")
+    if differences:
+        raise ValueError(f"resume: {run.path}/config.yaml differs from the config "
+                         f"{checkpoint.name} was trained with ({'; '.join(differences)}, "
+                         "checkpoint first): restore config.yaml; a resumed run may change only "
+                         "steps, threads, device, log.* and eval.every")
+
+
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """The saved config of ``run_dir`` with ``resume`` set; ``overrides`` may change only
-    ``steps``, ``threads``, ``device``, ``log.*`` and ``eval.every`` (anything else would make
-    the continued run a different run); ``out`` may only name the run's own folder."""
+    ``steps``, ``threads``, ``device``, ``log.*`` and ``eval.every`` (:data:`RESUMABLE`;
+    anything else would make the continued run a different run), and may repeat any other
+    key with the run's own value; ``out`` may only name the run's own folder."""
     run = RunDir(run_dir)
     if not run.is_run():
         raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
     config = config_from_dict(run.read_config())
-    allowed = ("steps", "threads", "device", "log.", "eval.every", "resume")
-    for key, value in (overrides or {}).items():
-        if key == "out" and Path(str(value)).resolve() != run.path.resolve():
-            raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
-                             f"out={value}")
-        if key != "out" and not key.startswith(allowed):
-            raise ValueError(f"resume: {key!r} cannot change when resuming; only steps, threads, "
-                             "device, log.* and eval.every can")
+    out = (overrides or {}).get("out")
+    if out is not None and Path(str(out)).resolve() != run.path.resolve():
+        raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
+                         f"out={out}")
+    saved = config_to_dict(config)
     config_from_dict(dict(overrides or {}), config)
+    changed = config_differences(saved, config_to_dict(config))
+    if changed:
+        raise ValueError(f"resume: {changed[0].split(':')[0]!r} cannot change when resuming "
+                         f"(the run's value, then the one given: {'; '.join(changed)}); only "
+                         "steps, threads, device, log.* and eval.every can")
     config.resume = str(run_dir)
     config.out = str(run_dir)
     config.validate()
@@ -563,9 +685,13 @@ def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
 def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
     """Held-out Mean@k / pass@k of ``config.model`` (or of a checkpoint: a run directory, whose
     newest intact checkpoint is used, or a ``checkpoints/step-N`` folder) on ``config.task``
-    with the ``config.eval`` settings. Returns :func:`gear_rl.train.evaluate.evaluate`'s dict."""
+    with the ``config.eval`` settings. Returns :func:`gear_rl.train.evaluate.evaluate`'s dict,
+    with ``checkpoint_folder`` and ``checkpoint_step``: the checkpoint scored (None for
+    ``config.model``'s own weights)."""
     runtime = build_runtime(config, checkpoint=checkpoint, training=False)
     try:
-        return run_evaluation(config, runtime)
+        result = run_evaluation(config, runtime)
     finally:
         runtime.close()
+    return {**result, "checkpoint_folder": None if runtime.checkpoint is None
+            else str(runtime.checkpoint), "checkpoint_step": runtime.checkpoint_step}

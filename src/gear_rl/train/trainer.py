@@ -53,7 +53,7 @@ from gear_rl.credit import get_estimator
 from gear_rl.seeding import derive_seed
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
-from gear_rl.train.config import TrainConfig
+from gear_rl.train.config import TrainConfig, config_to_dict
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_turns
 from gear_rl.train.memory import MemoryPolicy
 from gear_rl.train.records import batch_metrics, format_summary, sample_records, summarize
@@ -416,7 +416,8 @@ class Trainer:
                 self.run.append_sample(sample)
             if last or (config.log.checkpoint_every and step % config.log.checkpoint_every == 0):
                 save_checkpoint(self.run, step, self.model, self.optimizer,
-                                keep=config.log.keep_checkpoints)
+                                keep=config.log.keep_checkpoints,
+                                config=config_to_dict(config))
             if progress is not None:
                 progress.set_postfix(_progress_postfix(record, k))
                 progress.update(1)

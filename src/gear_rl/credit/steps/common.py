@@ -32,7 +32,7 @@ import torch
 
 from gear_rl.credit._validate import check_mask, check_vector, group_index
 from gear_rl.credit.batch import CreditBatch
-from gear_rl.credit.config import OutcomeConfig, _finite
+from gear_rl.credit.config import OutcomeConfig, _finite, _flag
 from gear_rl.credit.registry import estimator_names, get_estimator, register_estimator
 
 __all__ = [
@@ -82,8 +82,7 @@ class StepConfig(OutcomeConfig):
         _finite("gamma", self.gamma)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        if not isinstance(self.outcome_in_returns, bool):
-            raise ValueError(f"outcome_in_returns must be a bool, got {self.outcome_in_returns!r}")
+        _flag("outcome_in_returns", self.outcome_in_returns)
 
 
 @dataclass(frozen=True)
@@ -239,10 +238,13 @@ def step_inputs_from_extras(estimator: str, mask: torch.Tensor,
 StepFn = Callable[[torch.Tensor, StepInputs, Any], list[list[float]]]
 
 
-def register_step_estimator(name: str, *, config: type, needs_states: bool, paper: str = "",
-                            description: str = "") -> Callable[[StepFn], StepFn]:
+def register_step_estimator(name: str, *, config: type, needs_states: bool,
+                            group_relative: bool | Callable[[Any], bool] = False,
+                            paper: str = "", description: str = ""
+                            ) -> Callable[[StepFn], StepFn]:
     """Register the decorated per-step function ``fn(outcomes [B], steps, config) -> B lists of
-    per-step advantages`` as the step-level estimator ``name``.
+    per-step advantages`` as the step-level estimator ``name`` (``group_relative``: as
+    :func:`~gear_rl.credit.registry.register_estimator`'s).
 
     The registry gets a token-level wrapper: it reads and checks the step inputs from
     ``batch.extras`` (keys :data:`STEP_EXTRAS`; ``state_keys`` required when
@@ -259,7 +261,8 @@ def register_step_estimator(name: str, *, config: type, needs_states: bool, pape
         token_level.__qualname__ = f"{fn.__qualname__}[token_level]"
         token_level.__module__ = fn.__module__
         register_estimator(name, config=config, step_fn=fn, needs_states=needs_states,
-                           paper=paper, description=description)(token_level)
+                           group_relative=group_relative, paper=paper,
+                           description=description)(token_level)
         return fn
 
     return decorator

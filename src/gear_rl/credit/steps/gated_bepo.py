@@ -51,6 +51,7 @@ from gear_rl.credit.steps.common import (
     group_normalize,
     register_step_estimator,
 )
+from gear_rl.dataclass_config import check_int
 
 STEP_NORM_MODES = ("none", *NORM_MODES)
 _TERMINAL = -1
@@ -95,9 +96,7 @@ class GatedBEPOConfig(StepConfig):
         if self.tol <= 0:
             raise ValueError(f"tol must be > 0, got {self.tol}")
         for name in ("min_successors", "max_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         if self.step_norm not in STEP_NORM_MODES:
             raise ValueError(f"step_norm must be one of {STEP_NORM_MODES}, "
                              f"got {self.step_norm!r}")

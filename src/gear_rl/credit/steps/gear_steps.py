@@ -97,6 +97,11 @@ def _needs_states(config: GearStepsConfig) -> bool:
     return _base_estimator(config.base).requires_states(config.resolved_base_config)
 
 
+def _group_relative(config: GearStepsConfig) -> bool:
+    """GEAR's weights scale the base's advantage: zero wherever the base's is."""
+    return _base_estimator(config.base).needs_groups(config.resolved_base_config)
+
+
 def gear_reweight(step_advantages: torch.Tensor, divergence: torch.Tensor, entropy: torch.Tensor,
                   mask: torch.Tensor, config: GEARConfig) -> torch.Tensor:
     """``W_t(sign A_t) * A_t`` for token-level advantages ``A`` (see the module docstring).
@@ -123,7 +128,7 @@ def gear_reweight(step_advantages: torch.Tensor, divergence: torch.Tensor, entro
 
 @register_estimator("gear_steps", config=GearStepsConfig, needs=("divergence", "entropy"),
                     fixed={"score": "divergence"}, segments=True, step_level=True,
-                    needs_states=_needs_states,
+                    needs_states=_needs_states, group_relative=_group_relative,
                     paper="arXiv 2605.11853 over a step-level base",
                     description="GEAR token weights over a step-level advantage (base: gigpo)")
 def gear_steps(batch: CreditBatch, config: GearStepsConfig) -> torch.Tensor:

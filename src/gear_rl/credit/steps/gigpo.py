@@ -69,7 +69,7 @@ class GiGPOConfig(StepConfig):
     step_norm="mean_norm"``).
 
     Attributes:
-        omega: weight of the step-level advantage in ``A^E + omega * A^S``.
+        omega: weight of the step-level advantage in ``A^E + omega * A^S`` (``>= 0``).
         step_norm: ``mean_std_norm`` or ``mean_norm`` within an anchor-state group.
         episode_stats: the episode-level group statistics over ``trajectory`` scores (one per
             trajectory, the paper) or ``per_step`` rows (each trajectory's score once per step,
@@ -83,6 +83,10 @@ class GiGPOConfig(StepConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _finite("omega", self.omega)
+        if self.omega < 0:
+            raise ValueError(f"omega must be >= 0, got {self.omega}: A^E + omega * A^S with a "
+                             "negative omega lowers a step that did better than the other "
+                             "steps from its state (0: the episode advantage alone)")
         if self.step_norm not in NORM_MODES:
             raise ValueError(f"step_norm must be one of {NORM_MODES}, got {self.step_norm!r}")
         if self.episode_stats not in EPISODE_STATS:
@@ -109,7 +113,10 @@ def episode_advantages(outcomes: torch.Tensor, steps: StepInputs, config: GiGPOC
     return [rows[first_row[b]] if spans else 0.0 for b, spans in enumerate(steps.spans)]
 
 
+# A^E is 0 in a prompt group of one; A^S need not be (a trajectory that revisits a state
+# forms an anchor group of its own visits), so only omega=0 is group-relative
 @register_step_estimator("gigpo", config=GiGPOConfig, needs_states=True,
+                         group_relative=lambda config: config.omega == 0,
                          paper="arXiv 2505.10978",
                          description="GiGPO: episode advantage + omega * anchor-state "
                                      "step advantage")

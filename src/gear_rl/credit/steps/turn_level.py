@@ -44,7 +44,7 @@ class TurnLevelConfig(OutcomeConfig):
 
     Attributes:
         outcome_coef: ``lambda``, the weight of the outcome advantage added to each turn's
-            advantage (the paper uses 1).
+            advantage (the paper uses 1; ``>= 0``).
         turn_norm: ``mean_std_norm`` or ``mean_norm`` for the turn rewards within a turn group.
         last_turn: ``outcome`` (the final turn gets ``A^O`` only, the paper) or ``combined``.
     """
@@ -56,6 +56,10 @@ class TurnLevelConfig(OutcomeConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _finite("outcome_coef", self.outcome_coef)
+        if self.outcome_coef < 0:
+            raise ValueError(f"outcome_coef must be >= 0, got {self.outcome_coef}: A^T + "
+                             "outcome_coef * A^O with a negative weight pushes the turns of a "
+                             "failed episode up and those of a successful one down")
         if self.turn_norm not in NORM_MODES:
             raise ValueError(f"turn_norm must be one of {NORM_MODES}, got {self.turn_norm!r}")
         if self.last_turn not in LAST_TURN_MODES:
@@ -63,8 +67,9 @@ class TurnLevelConfig(OutcomeConfig):
                              f"got {self.last_turn!r}")
 
 
+# group-relative: a turn group of one gets A^T = 0, and a prompt group of one A^O = 0
 @register_step_estimator("turn_level", config=TurnLevelConfig, needs_states=False,
-                         paper="arXiv 2505.11821",
+                         group_relative=True, paper="arXiv 2505.11821",
                          description="MT-GRPO: group-normalised turn rewards + outcome")
 def turn_level(outcomes: torch.Tensor, steps: StepInputs, config: TurnLevelConfig
                ) -> list[list[float]]:
