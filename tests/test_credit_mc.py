@@ -126,11 +126,13 @@ def test_vineppo_step_split_rules() -> None:
 
 def test_bad_inputs_are_refused() -> None:
     for bad in ({"mc_samples": 0}, {"prob_threshold": 0.0}, {"prob_threshold": 1.5},
-                {"cut_interval": 0}, {"cut_interval": True}):
-        with pytest.raises(ValueError):
+                {"cut_interval": 0}, {"cut_interval": True}, {"mc_samples": 10**22},
+                {"whiten": "ture"}, {"prob_mask": 1}, {"dedupe_prefixes": None}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             SPOChainConfig(**bad)  # type: ignore[arg-type]
-    for bad in ({"mc_samples": 1.5}, {"max_steps": 0}):
-        with pytest.raises(ValueError):
+    for bad in ({"mc_samples": 1.5}, {"max_steps": 0}, {"max_steps": 10**22},
+                {"answer_prefix": 3}, {"dedupe_prefixes": "no"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             VinePPOConfig(**bad)  # type: ignore[arg-type]
     batch = _spo_batch(CUTS[5])
     batch.extras = {}

@@ -106,6 +106,13 @@ def check_int(key: str, value: Any, minimum: int, *, optional: bool = False) -> 
                          f"take), got {value}")
 
 
+def check_bool(key: str, value: Any) -> None:
+    """``value`` is a bool: a string such as ``"ture"`` (or a 2) would otherwise switch a knob
+    on by its truth value; the error names ``key``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, got {value!r}")
+
+
 def check_at_least(prefix: str, section: Any, minimum: int, *names: str) -> None:
     """Each of ``names`` (``None`` where the field allows it) is ``>= minimum``."""
     for name in names:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gear_rl.dataclass_config import check_int
+from gear_rl.dataclass_config import check_bool, check_int
 
 NORMALIZE_MODES = ("minmax", "max", "none")
 SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
@@ -33,13 +33,6 @@ def _finite(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
-def _flag(name: str, value: Any) -> None:
-    """``value`` is a bool: a string such as ``"ture"`` (or a 2) would otherwise switch the knob
-    on by its truth value."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-
-
 @dataclass(frozen=True)
 class OutcomeConfig:
     """The trajectory-level GRPO advantage every token-level method starts from.
@@ -53,7 +46,7 @@ class OutcomeConfig:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        _flag("norm_by_std", self.norm_by_std)
+        check_bool("norm_by_std", self.norm_by_std)
         _finite("eps", self.eps)
         if self.eps < 0:
             raise ValueError(f"eps must be >= 0, got {self.eps}")
@@ -146,7 +139,7 @@ class GEARConfig(OutcomeConfig):
         if self.score not in SCORE_MODES:
             raise ValueError(f"score must be one of {SCORE_MODES}, got {self.score!r}")
         for name in ("sign_aware", "mean_preserving"):
-            _flag(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         self._check_ranges()
 
     def _check_ranges(self) -> None:
@@ -279,4 +272,4 @@ class RLSDConfig(OutcomeConfig):
         check_int("lam_warmup_steps", self.lam_warmup_steps, 1, optional=True)
         check_int("lam_decay_steps", self.lam_decay_steps, 1, optional=True)
         for name in ("negative_only", "thought_only"):
-            _flag(name, getattr(self, name))
+            check_bool(name, getattr(self, name))

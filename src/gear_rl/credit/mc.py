@@ -50,6 +50,7 @@ import torch
 from gear_rl.credit._validate import check_mask
 from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.registry import register_estimator
+from gear_rl.dataclass_config import check_bool, check_int
 
 __all__ = ["SPOChainConfig", "VinePPOConfig", "segment_advantages", "spo_chain_boundaries",
            "vineppo_boundaries", "whiten"]
@@ -58,9 +59,6 @@ _SPO = "arXiv 2505.23564"
 _VINE = "arXiv 2410.01679"
 
 
-def _check_samples(value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"mc_samples must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -93,12 +91,12 @@ class SPOChainConfig:
     dedupe_prefixes: bool = True
 
     def __post_init__(self) -> None:
-        _check_samples(self.mc_samples)
+        check_int("mc_samples", self.mc_samples, 1)
         if not 0.0 < self.prob_threshold <= 1.0:
             raise ValueError(f"prob_threshold must lie in (0, 1], got {self.prob_threshold}")
-        if isinstance(self.cut_interval, bool) or not isinstance(self.cut_interval, int) or (
-                self.cut_interval < 1):
-            raise ValueError(f"cut_interval must be an integer >= 1, got {self.cut_interval!r}")
+        check_int("cut_interval", self.cut_interval, 1)
+        for name in ("prob_mask", "whiten", "dedupe_prefixes"):
+            check_bool(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
@@ -130,10 +128,12 @@ class VinePPOConfig:
     dedupe_prefixes: bool = True
 
     def __post_init__(self) -> None:
-        _check_samples(self.mc_samples)
-        if self.max_steps is not None and (isinstance(self.max_steps, bool) or not isinstance(
-                self.max_steps, int) or self.max_steps < 1):
-            raise ValueError(f"max_steps must be an integer >= 1 or None, got {self.max_steps!r}")
+        check_int("mc_samples", self.mc_samples, 1)
+        check_int("max_steps", self.max_steps, 1, optional=True)
+        if self.answer_prefix is not None and not isinstance(self.answer_prefix, str):
+            raise ValueError(f"answer_prefix must be text or None, got {self.answer_prefix!r}")
+        for name in ("whiten", "dedupe_prefixes"):
+            check_bool(name, getattr(self, name))
 
 
 # ------------------------------------------------------------------------------ boundaries

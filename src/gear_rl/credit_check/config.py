@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gear_rl.dataclass_config import check_bool, check_int
 from gear_rl.train.config import SignalConfig
 
 __all__ = ["BOUNDARY_MODES", "SIGNAL_KEYS", "SPLITS", "CreditCheckConfig", "Variant"]
@@ -182,21 +183,13 @@ class CreditCheckConfig:
         """Raise ``ValueError`` naming the first bad field; normalises ``variants`` to
         :class:`Variant` values."""
         for name in ("groups", "per_group", "continuations", "replicates", "every", "bootstrap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         for name in ("trajectories", "budget", "batch_size"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}")
-        if isinstance(self.plot_trajectories, bool) or not isinstance(
-                self.plot_trajectories, int) or self.plot_trajectories < 0:
-            raise ValueError(f"plot_trajectories must be an integer >= 0, got "
-                             f"{self.plot_trajectories!r}")
+            check_int(name, getattr(self, name), 1, optional=True)
+        check_int("plot_trajectories", self.plot_trajectories, 0)
+        check_int("seed", self.seed, 0)
         for name in ("mixed_only", "shared_prefix", "progress"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+            check_bool(name, getattr(self, name))
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         if self.boundaries not in BOUNDARY_MODES:

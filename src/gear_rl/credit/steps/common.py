@@ -32,8 +32,9 @@ import torch
 
 from gear_rl.credit._validate import check_mask, check_vector, group_index
 from gear_rl.credit.batch import CreditBatch
-from gear_rl.credit.config import OutcomeConfig, _finite, _flag
+from gear_rl.credit.config import OutcomeConfig, _finite
 from gear_rl.credit.registry import estimator_names, get_estimator, register_estimator
+from gear_rl.dataclass_config import check_bool
 
 __all__ = [
     "NORM_MODES",
@@ -82,7 +83,7 @@ class StepConfig(OutcomeConfig):
         _finite("gamma", self.gamma)
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
-        _flag("outcome_in_returns", self.outcome_in_returns)
+        check_bool("outcome_in_returns", self.outcome_in_returns)
 
 
 @dataclass(frozen=True)
