@@ -48,13 +48,7 @@ from gear_rl.mc_values import Trajectory, estimate_values
 from gear_rl.train import Trainer, load_config
 from gear_rl.train.episodes import task_reward_fn
 from gear_rl.train.runtime import cpu_model
-
-TASKS = {
-    "default": [],
-    "products_work": ["task_options.min_terms=3", "task_options.max_terms=3",
-                      "rollout.max_new_tokens=96",
-                      "instruction= Show your work step by step, then give the final answer."],
-}
+from values_phase import TASKS  # the same two tasks (benchmarks/ is on the path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ import re
 import stat
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -429,21 +429,19 @@ def describe_path(path: str | Path) -> str:
 def check_file(path: str | Path, what: str) -> Path:
     """``path`` if it is a regular file; otherwise ``ValueError`` naming ``what``, the path and
     what is there instead (nothing, a directory, a FIFO...)."""
-    path = Path(path)
-    if not path.is_file():
-        found = describe_path(path)
-        tail = "" if found.startswith(("does not", "cannot")) else ", not a file"
-        raise ValueError(f"{what} {str(path)!r} {found}{tail}")
-    return path
+    return _check_kind(Path(path), what, Path.is_file, "a file")
 
 
 def check_folder(path: str | Path, what: str) -> Path:
     """``path`` if it is a directory; otherwise ``ValueError`` naming ``what``, the path and
     what is there instead."""
-    path = Path(path)
-    if not path.is_dir():
+    return _check_kind(Path(path), what, Path.is_dir, "a directory")
+
+
+def _check_kind(path: Path, what: str, test: Callable[[Path], bool], kind: str) -> Path:
+    if not test(path):
         found = describe_path(path)
-        tail = "" if found.startswith(("does not", "cannot")) else ", not a directory"
+        tail = "" if found.startswith(("does not", "cannot")) else f", not {kind}"
         raise ValueError(f"{what} {str(path)!r} {found}{tail}")
     return path
 
