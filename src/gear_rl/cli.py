@@ -1,5 +1,6 @@
 """`gear-rl` command line. Subcommands: ``demo`` (credit functions on a synthetic batch),
-``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k), ``report``
+``train`` (RL fine-tuning, GEAR by default), ``eval`` (held-out Mean@k / pass@k), ``export``
+(a checkpoint as a Hugging Face model directory), ``report``
 (curves and the token-credit viewer of a run), ``compare`` (methods over seeds),
 ``credit-check`` (every estimator's per-token credit against a Monte-Carlo ground truth),
 ``study`` (pre-registered paired multi-seed studies, docs/study.md)."""
@@ -241,7 +242,10 @@ def _eval(argv: list[str]) -> int:
             # a run directory, or one of its checkpoints/step-N folders
             run = RunDir(path) if RunDir(path).is_run() else RunDir(path.parent.parent)
             if not run.is_run():
-                raise ValueError(f"{target} is not a gear-rl run directory or checkpoint folder")
+                hint = (f"; to score the model directory (gear-rl export) use model={target}"
+                        if (path / "config.json").is_file() else "")
+                raise ValueError(f"{target} is not a gear-rl run directory or checkpoint "
+                                 f"folder{hint}")
             config = config_from_dict(run.read_config())
             config.resume = None
             config_from_dict(parsed, config)
@@ -263,6 +267,53 @@ def _eval(argv: list[str]) -> int:
         print(f"[gear-rl] scored {result['checkpoint_folder']} (step "
               f"{result['checkpoint_step']})", file=sys.stderr)
     print(json.dumps(result, indent=2))
+    return 0
+
+
+_EXPORT_USAGE = """usage: gear-rl export RUN [step=N] OUT [dtype=auto|fp32|bf16]
+
+Write the weights of a run's checkpoint (step=N, default: the latest) with the run's tokenizer
+and chat template into OUT, a new folder that AutoModelForCausalLM.from_pretrained(OUT),
+AutoTokenizer.from_pretrained(OUT), vLLM and `gear-rl eval model=OUT` load. dtype=auto keeps
+the checkpoint's fp32. OUT must not exist (or be an empty folder); it appears whole or not at all.
+"""
+
+
+def _export(argv: list[str]) -> int:
+    from gear_rl.dataclass_config import parse_overrides
+
+    if any(a in ("-h", "--help") for a in argv):
+        print(_EXPORT_USAGE)
+        return 0
+    try:
+        paths = [a for a in argv if "=" not in a]
+        parsed = parse_overrides([a for a in argv if "=" in a])
+        unknown = sorted(set(parsed) - {"step", "dtype", "out"})
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}: export takes step=N and "
+                             "dtype=auto|fp32|bf16")
+        if "out" in parsed:
+            paths.append(str(parsed["out"]))
+        if len(paths) != 2:
+            raise ValueError(f"expected a run directory and an output folder, got {paths}: "
+                             "gear-rl export RUN [step=N] OUT [dtype=auto|fp32|bf16]")
+        step = parsed.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise ValueError(f"step={step!r} is not a whole number")
+        from gear_rl.train.export import export_policy
+
+        info = export_policy(paths[0], paths[1], step=step, dtype=str(parsed.get("dtype", "auto")))
+    except ValueError as error:
+        print(f"gear-rl export: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        if error.errno not in _DISK_FULL:
+            raise
+        return _no_space("export", error, paths[1], "nothing was written; free some space and "
+                         "run the same command again")
+    print(f"[gear-rl] exported step {info['step']} of {info['run']} ({info['dtype']}) to "
+          f"{info['out']}", file=sys.stderr)
+    print(json.dumps(info, indent=2))
     return 0
 
 
@@ -518,7 +569,7 @@ def _study(argv: list[str]) -> int:
     return study(argv)
 
 
-COMMANDS = {"demo": _demo, "train": _train, "eval": _eval, "report": _report,
+COMMANDS = {"demo": _demo, "train": _train, "eval": _eval, "export": _export, "report": _report,
             "compare": _compare, "credit-check": _credit_check, "study": _study}
 
 
