@@ -19,6 +19,7 @@ from gear_rl.credit import CreditBatch, get_estimator
 from gear_rl.credit.mc import (
     SPOChainConfig,
     VinePPOConfig,
+    segment_advantages,
     spo_chain_boundaries,
     vineppo_boundaries,
     whiten,
@@ -87,6 +88,27 @@ def test_spo_chain_whitening_matches_the_authors_on_the_trained_tokens() -> None
     selected = _padded([[float(m) for m in row] for row in SELECTED_5]).bool()
     torch.testing.assert_close(got[selected], _padded(WHITENED_5)[selected], atol=2e-5, rtol=0)
     assert bool((got[~selected] == 0).all())  # the probability mask: no credit, no statistics
+
+
+def test_a_response_without_a_cut_gets_no_credit() -> None:
+    """A response with no token below the threshold has no SPO-chain boundary: its tokens get 0,
+    as the authors give them (their ``len(cutpoints) == 0`` branch), and the other rows keep
+    their credit (this crashed a study cell: ``zip()`` of no boundaries against one end)."""
+    assert segment_advantages(4, [], [], 1.0) == [0.0] * 4
+    batch = _spo_batch(CUTS[5])
+    batch.student_logprobs = batch.student_logprobs.clone()
+    batch.student_logprobs[1] = 0.0  # every token of row 1 has probability 1: no cut
+    config = SPOChainConfig(whiten=False)
+    spo = get_estimator("spo_chain")
+    assert spo.mc_boundaries is not None
+    cuts = spo.mc_boundaries(batch, config)
+    assert cuts[1] == [] and cuts[0] == CUTS[5][0]
+    batch.extras = {"mc_values": [[VALUES[r][b] for b in row] for r, row in enumerate(cuts)]}
+    got = spo(batch, config)
+    assert bool((got[1] == 0).all())
+    torch.testing.assert_close(got[0], _padded(ADVANTAGES[5])[0], atol=2e-6, rtol=0)
+    whitened = spo(batch, SPOChainConfig())
+    assert bool((whitened[1] == 0).all()) and bool(torch.isfinite(whitened).all())
 
 
 @pytest.mark.parametrize("case", VINE_CASES, ids=[c[0] for c in VINE_CASES])

@@ -193,8 +193,12 @@ def segment_advantages(length: int, boundaries: Sequence[int], values: Sequence[
     ``[b_m, L)`` gets ``reward - V(b_m)``, tokens before ``b_0`` get 0 (no ``V`` of the prompt:
     SPO's first segment when its first token is not a cut). SPO: ``...with_mc_advantages.py:
     392-435``; VinePPO: ``r + V(s') - V(s)``, ``r = R`` on the last step, ``V`` 0 after it
-    (``VINE:...with_mc_advantages.py:377-401``)."""
+    (``VINE:...with_mc_advantages.py:377-401``). A response without a boundary (SPO-chain:
+    no token below the threshold) gets 0 everywhere, as the authors give it
+    (``SPO:...with_mc_advantages.py:409-412``)."""
     out = [0.0] * length
+    if not boundaries:
+        return out
     ends = [*boundaries[1:], length]
     end_values = [*values[1:], reward]
     for start, end, v_start, v_end in zip(boundaries, ends, values, end_values, strict=True):
