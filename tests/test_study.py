@@ -31,7 +31,7 @@ from gear_rl.stats import (
 )
 from gear_rl.study import analyze_study, parse_spec, write_study
 from gear_rl.study.report import cell_machines
-from gear_rl.study.runner import default_parallelism, plan_cells, select_cells
+from gear_rl.study.runner import default_parallelism, plan_cells, resolve_parallelism, select_cells
 from gear_rl.train.config import config_to_dict
 from gear_rl.train.records import is_measurement
 
@@ -477,6 +477,12 @@ def test_default_parallelism() -> None:
     assert default_parallelism(cores=2, memory_gb=24) == (2, 1)
     assert default_parallelism(cores=16, memory_gb=24) == (4, 4)
     assert default_parallelism(cores=1, memory_gb=2) == (1, 1)
+    # threads default to the cores shared among the jobs, also when jobs= is given
+    assert resolve_parallelism(None, None, cores=2, memory_gb=24) == (2, 1)
+    assert resolve_parallelism(1, None, cores=2, memory_gb=24) == (1, 2)
+    assert resolve_parallelism(2, None, cores=16, memory_gb=24) == (2, 8)
+    assert resolve_parallelism(1, 3, cores=2, memory_gb=24) == (1, 3)
+    assert resolve_parallelism(None, 2, cores=16, memory_gb=24) == (4, 2)
 
 
 def test_cli_arguments(tmp_path: Path, capsys) -> None:

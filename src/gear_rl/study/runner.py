@@ -96,6 +96,19 @@ def default_parallelism(cores: int | None = None, memory_gb: float | None = None
     return jobs, max(1, cores // jobs)
 
 
+def resolve_parallelism(jobs: int | None, threads: int | None, cores: int | None = None,
+                        memory_gb: float | None = None) -> tuple[int, int]:
+    """``(jobs, threads)`` of a run: each given value as given; ``jobs`` None:
+    :func:`default_parallelism`'s; ``threads`` None: the cores shared among the jobs
+    (``cores // jobs``, at least 1), so ``jobs=1`` alone gets every core."""
+    if jobs is None:
+        jobs = default_parallelism(cores, memory_gb)[0]
+    if threads is None:
+        count = cores if cores is not None else int(machine_info().get("cores") or 1)
+        threads = max(1, count // max(jobs, 1))
+    return jobs, threads
+
+
 @dataclass
 class Planned:
     """A cell and what its folder holds now (:func:`run_state`)."""
@@ -323,10 +336,7 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
             folder in use by another study, or a cell folder holding a run of another config
             (checked before anything trains).
     """
-    if jobs is None or threads is None:
-        default_jobs, default_threads = default_parallelism()
-        jobs = default_jobs if jobs is None else jobs
-        threads = default_threads if threads is None else threads
+    jobs, threads = resolve_parallelism(jobs, threads)
     if jobs < 1 or threads < 1:
         raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
                          f"threads={threads}")
