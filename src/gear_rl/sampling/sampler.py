@@ -410,11 +410,7 @@ def sample_responses(
         raise ValueError("prompt_ids: needs at least one prompt")
     if any(len(p) == 0 for p in prompts):
         raise ValueError("prompt_ids: every prompt needs at least one token")
-    caps = None if budgets is None else [int(b) for b in budgets]
-    if caps is not None and (len(caps) != len(prompts)
-                             or any(not 1 <= b <= sampling.max_new_tokens for b in caps)):
-        raise ValueError(f"budgets: one per prompt ({len(prompts)}), each in [1, "
-                         f"max_new_tokens={sampling.max_new_tokens}]")
+    caps = _checked_budgets(budgets, len(prompts), "prompt", sampling.max_new_tokens)
     size = sampling.batch_size or len(prompts)
     responses: list[list[int]] = []
     finished: list[bool] = []
@@ -425,6 +421,18 @@ def sample_responses(
         responses += part
         finished += done
     return Samples(prompt_ids=prompts, response_ids=responses, finished=finished)
+
+
+def _checked_budgets(budgets: Sequence[int] | None, count: int, per: str,
+                     max_new_tokens: int) -> list[int] | None:
+    """``budgets`` as ints, one per ``per`` (``count`` of them), each in ``[1,
+    max_new_tokens]``; None stays None (every row ``max_new_tokens``)."""
+    caps = None if budgets is None else [int(b) for b in budgets]
+    if caps is not None and (len(caps) != count
+                             or any(not 1 <= b <= max_new_tokens for b in caps)):
+        raise ValueError(f"budgets: one per {per} ({count}), each in [1, "
+                         f"max_new_tokens={max_new_tokens}]")
+    return caps
 
 
 def _sample_batch(
@@ -634,11 +642,7 @@ def continue_sequences(
         raise ValueError(f"cuts must be in {span} (the prefix length), got {bad[:5]}")
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-    caps = None if budgets is None else [int(b) for b in budgets]
-    if caps is not None and (len(caps) != len(cut_list)
-                             or any(not 1 <= b <= sampling.max_new_tokens for b in caps)):
-        raise ValueError(f"budgets: one per cut ({len(cut_list)}), each in [1, "
-                         f"max_new_tokens={sampling.max_new_tokens}]")
+    caps = _checked_budgets(budgets, len(cut_list), "cut", sampling.max_new_tokens)
     device = next(model.parameters()).device
     used = sorted({s for s, _ in cut_list})
     index_of = {s: i for i, s in enumerate(used)}  # the sequence's row in the stacked cache
@@ -655,8 +659,8 @@ def continue_sequences(
         ).logits[0])
         logit_row.update({(s, c): len(logit_row) + i for i, c in enumerate(distinct)})
         caches.append(prefill)
-    every_logit = torch.cat(cut_logits) if len(cut_logits) > 1 else cut_logits[0]
-    full = caches[0] if len(caches) == 1 else stacked_cache(caches)
+    every_logit = torch.cat(cut_logits)
+    full = stacked_cache(caches)
     del caches, cut_logits
     row_cuts = [cut for cut in cut_list for _ in range(samples)]  # cut by cut, in order
     row_caps = None if caps is None else [b for b in caps for _ in range(samples)]
