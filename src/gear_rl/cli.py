@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import json
 import os
 import re
 import shlex
 import sys
 import textwrap
+
+from gear_rl.rundir import DISK_FULL  # the ground floor: no torch, cheap to import
 
 
 def _demo(argv: list[str]) -> int:
@@ -142,7 +143,6 @@ def _split_train_args(argv: list[str], first: str = "a config file"
     return config_path, overrides
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _no_space(verb: str, error: OSError, where: object, then: str) -> int:
@@ -195,7 +195,7 @@ def _train(argv: list[str]) -> int:
         print(f"gear-rl train: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        if error.errno not in _DISK_FULL or config is None:
+        if error.errno not in DISK_FULL or config is None:
             raise
         return _no_space("train", error, config.out, _train_stopped(config.out, argv))
     print(f"[gear-rl] run directory: {trainer.run_dir}", file=sys.stderr)
@@ -211,7 +211,7 @@ def _train(argv: list[str]) -> int:
         print(f"gear-rl train: {error}", file=sys.stderr)
         return 1
     except OSError as error:
-        if error.errno not in _DISK_FULL:
+        if error.errno not in DISK_FULL:
             raise
         return _no_space("train", error, trainer.run_dir,
                          _train_stopped(trainer.run_dir, argv))
@@ -307,7 +307,7 @@ def _export(argv: list[str]) -> int:
         print(f"gear-rl export: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        if error.errno not in _DISK_FULL:
+        if error.errno not in DISK_FULL:
             raise
         return _no_space("export", error, paths[1], "nothing was written; free some space and "
                          "run the same command again")
@@ -338,7 +338,7 @@ def _report(argv: list[str]) -> int:
         print(f"gear-rl report: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        if error.errno not in _DISK_FULL:
+        if error.errno not in DISK_FULL:
             raise
         return _no_space("report", error, args.out or args.run_dir,
                          "the run itself is untouched (the report only reads it); free some "
@@ -540,7 +540,7 @@ def _credit_check(argv: list[str]) -> int:
         print(f"gear-rl credit-check: {error}", file=sys.stderr)
         return 2
     except OSError as error:
-        if error.errno not in _DISK_FULL:
+        if error.errno not in DISK_FULL:
             raise
         from gear_rl.rundir import CREDIT_CHECK_VALUES
 

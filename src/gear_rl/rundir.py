@@ -49,6 +49,7 @@ __all__ = [
     "CREDIT_CHECK_PNG",
     "CREDIT_CHECK_TRAJECTORIES",
     "CREDIT_CHECK_VALUES",
+    "DISK_FULL",
     "LOCK",
     "METRICS",
     "RUN_INFO",
@@ -68,6 +69,9 @@ __all__ = [
     "write_manifest",
 ]
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""The ``OSError.errno`` values of a full disk (or a spent quota): what every writer of a run
+directory reports as "no space left"."""
 CONFIG = "config.yaml"
 RUN_INFO = "run.json"
 METRICS = "metrics.jsonl"

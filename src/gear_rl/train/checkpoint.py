@@ -23,7 +23,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gear_rl.rundir import RunDir, checkpoint_problem, fsync_folder, fsync_path, write_manifest
+from gear_rl.rundir import (
+    DISK_FULL,
+    RunDir,
+    checkpoint_problem,
+    fsync_folder,
+    fsync_path,
+    write_manifest,
+)
 
 __all__ = ["checkpoint_identity", "latest_checkpoint", "load_checkpoint", "read_checkpoint",
            "rng_state", "save_checkpoint", "set_rng_state"]
@@ -229,7 +236,7 @@ def _out_of_space(error: BaseException, folder: Path) -> bool:
     (``RuntimeError: ... unexpected pos``, ``SafetensorError``) on a file system left with
     (almost) no free space."""
     if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+        return error.errno in DISK_FULL
     if not isinstance(error, (RuntimeError, SafetensorError)):
         return False
     try:
