@@ -556,6 +556,42 @@ def test_only_the_selected_cells_train(tmp_path: Path) -> None:
     assert info["cpu"] == cpu_model() and isinstance(info["autocast_bf16"], bool)
 
 
+@pytest.mark.slow
+def test_a_finished_cell_keeps_its_final_policy_and_not_its_checkpoints(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gear_rl.study import run_study
+    from gear_rl.train.checkpoint import read_checkpoint
+    from gear_rl.train.export import EXPORT_INFO
+
+    spec = parse_spec(_spec(seeds=[0], methods={"grpo": {}}, keep_checkpoints="policy"))
+    result = run_study(spec, tmp_path, jobs=1, threads=1, progress=False)
+    assert not result.failed
+    run = RunDir(tmp_path / "cells/arith/grpo-s0")
+    assert run.finished() and not run.checkpoints.exists()
+    policy = run.path / "policy"
+    info = json.loads((policy / EXPORT_INFO).read_text())
+    assert (info["step"], info["dtype"]) == (2, "bfloat16")
+    exported = AutoModelForCausalLM.from_pretrained(policy)
+    assert next(exported.parameters()).dtype == torch.bfloat16
+    # the weights are the final checkpoint's, rounded to bf16 (checked against a second run of
+    # the same cell that keeps its checkpoints: training is deterministic on the CPU)
+    kept = parse_spec(_spec(seeds=[0], methods={"grpo": {}}, keep_checkpoints=True))
+    assert not run_study(kept, tmp_path / "kept", jobs=1, threads=1, progress=False).failed
+    reference = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    read_checkpoint(tmp_path / "kept/cells/arith/grpo-s0", reference)
+    for (name, mine), theirs in zip(exported.state_dict().items(),
+                                    reference.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs.to(torch.bfloat16)), name
+
+
+def test_keep_checkpoints_takes_true_false_or_policy() -> None:
+    assert parse_spec(_spec(keep_checkpoints="policy")).keep_checkpoints == "policy"
+    with pytest.raises(ValueError, match="keep_checkpoints must be true, false or 'policy'"):
+        parse_spec(_spec(keep_checkpoints="weights"))
+
+
 # ------------------------------------------------------------------------------ paired evaluation
 def test_evaluation_draws_are_fixed_per_problem_and_sample() -> None:
     """Problem 0's samples do not change when problem 1's responses end at other steps: each

@@ -37,7 +37,7 @@ from typing import IO, Any
 import yaml
 
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
-from gear_rl.study.spec import Cell, StudySpec
+from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
 from gear_rl.train.runtime import cpu_model
 
@@ -367,6 +367,23 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     return result
 
 
+def _export_final_policy(run_dir: Path) -> bool:
+    """Export a finished cell's final checkpoint to ``run_dir/policy`` in bf16
+    (``keep_checkpoints: policy``); False, with the reason on stderr, where it could not."""
+    from gear_rl.train.export import EXPORT_INFO, export_policy
+
+    out = run_dir / POLICY_DIR
+    if (out / EXPORT_INFO).is_file():
+        return True
+    try:
+        export_policy(run_dir, out, dtype="bf16")
+    except (OSError, ValueError) as error:
+        print(f"[study] {run_dir}: its final policy could not be exported ({error}); its "
+              "checkpoints are kept", file=sys.stderr)
+        return False
+    return True
+
+
 def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
     head = [python, "-m", "gear_rl.study.cell", str(os.getpid()), "train"]
     if RunDir(item.run_dir).is_run():  # interrupted after a checkpoint: resume it
@@ -379,7 +396,7 @@ def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
 
 
 def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: int,
-           progress: bool, python: str, keep_checkpoints: bool, result: StudyRun,
+           progress: bool, python: str, keep_checkpoints: bool | str, result: StudyRun,
            on_cell: Callable[[CellOutcome], None] | None) -> None:
     timings = _Timings(out)
     queue = list(todo)
@@ -408,7 +425,8 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
                               _log_file(cell, out))
         result.outcomes.append(outcome)
         if finished:
-            if not keep_checkpoints:
+            exported = keep_checkpoints != KEEP_POLICY or _export_final_policy(run_dir)
+            if keep_checkpoints is not True and exported:
                 shutil.rmtree(RunDir(run_dir).checkpoints, ignore_errors=True)
             summary = RunDir(run_dir).read_summary()
             scores = ", ".join(f"{key.removeprefix('eval_end_')} {value:.3f}"

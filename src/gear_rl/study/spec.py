@@ -27,8 +27,8 @@ from gear_rl.dataclass_config import flatten_keys, read_yaml
 from gear_rl.report.compare import COMPARABLE
 from gear_rl.train.config import TrainConfig, load_config
 
-__all__ = ["METRICS", "SAMPLES_KEY", "Cell", "MethodSpec", "StatsSpec", "StudySpec", "TaskSpec",
-           "load_spec", "parse_spec"]
+__all__ = ["KEEP_POLICY", "METRICS", "POLICY_DIR", "SAMPLES_KEY", "Cell", "MethodSpec",
+           "StatsSpec", "StudySpec", "TaskSpec", "load_spec", "parse_spec"]
 
 METRICS = ("mean@k", "pass@k")
 """What a study compares: held-out Mean@k (fraction of a problem's k samples that are correct)
@@ -46,6 +46,10 @@ _TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks",
 _TASK_KEYS = ("label", "overrides")
 _METHOD_KEYS = ("estimator", "label", "overrides", "seeds", "samples_per_prompt")
 SAMPLES_KEY = "rollout.samples_per_prompt"
+KEEP_POLICY = "policy"
+"""``keep_checkpoints: policy``: a finished cell keeps its final weights as a loadable policy."""
+POLICY_DIR = "policy"
+"""The folder of a cell's run directory that holds its exported final policy."""
 """The one shared setting a method may change, per task, through its ``samples_per_prompt``
 (an equal-sampled-tokens arm: the baseline given as many samples as another method spends)."""
 _STATS_KEYS = ("confidence", "power", "bootstrap", "bootstrap_seed")
@@ -146,8 +150,11 @@ class StudySpec:
         statistics: see :class:`StatsSpec`.
         threshold: normalised divergence above which a token counts in the top-tokens table.
         top_tokens: rows of that table per task.
-        keep_checkpoints: keep a finished cell's checkpoints (default False: removed once the
-            cell has finished, to save disk; an interrupted cell keeps its own to resume).
+        keep_checkpoints: what of a finished cell's checkpoints stays: ``False`` (the default:
+            nothing, to save disk; an interrupted cell keeps its own to resume), ``True`` (all of
+            them) or ``"policy"`` (the final weights, exported in bf16 with the tokenizer to the
+            cell's ``policy/`` folder by :func:`gear_rl.train.export.export_policy`, about a
+            sixth of a checkpoint: what ``model=`` of ``gear-rl credit-check`` or ``eval`` loads).
         contrasts: further ``(method, against)`` pairs the report compares, paired as every
             method is with the baseline (e.g. a method against an equal-token arm).
         path: the file it was read from (None: parsed from a mapping).
@@ -163,7 +170,7 @@ class StudySpec:
     statistics: StatsSpec = field(default_factory=StatsSpec)
     threshold: float = 0.1
     top_tokens: int = 20
-    keep_checkpoints: bool = False
+    keep_checkpoints: bool | str = False
     contrasts: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
 
@@ -371,8 +378,8 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     analysis = check.mapping(top.get("analysis"), "analysis")
     check.keys(analysis, _ANALYSIS_KEYS, "analysis.")
     keep = top.get("keep_checkpoints", False)
-    if not isinstance(keep, bool):
-        raise check.fail(f"keep_checkpoints must be true or false, got {keep!r}")
+    if not isinstance(keep, bool) and keep != KEEP_POLICY:
+        raise check.fail(f"keep_checkpoints must be true, false or {KEEP_POLICY!r}, got {keep!r}")
     spec = StudySpec(
         name=str(top.get("name") or (where.stem if where is not None else "study")),
         description=str(top.get("description") or ""), metric=metric, baseline=baseline,
