@@ -1,6 +1,7 @@
 """What the trainer's Monte-Carlo values phase costs (issue 39): its share of a training step and
 its length against the rollout's, for SPO-chain and VinePPO at the authors' K (9), on the
-default task and on grpo_weak's task (three one-digit factors, work shown, 96 new tokens).
+default task, on grpo_weak's task (three one-digit factors, work shown, 96 new tokens) and on
+the answer-first task (one-digit products scored on the response's first number, 64 new tokens).
 
 Each (task, estimator) runs ``--steps`` training steps of the bundled SmolLM2-135M in this
 process, one after another (never in parallel), after one warm-up step; per step it reads the
@@ -15,7 +16,7 @@ Tool-math (and every agent or environment task) is refused by the trainer for th
 estimators: the values phase continues single responses only.
 
 Run:  python benchmarks/values_phase.py [--steps 2] [--warmup 1] [--estimators spo_chain,vineppo]
-      [--tasks default,products_work]
+      [--tasks default,products_work,products_first]
 On a shared CPU, run it when the machine is quiet: it measures wall time.
 """
 
@@ -38,6 +39,9 @@ TASKS = {
     "products_work": ["task_options.min_terms=3", "task_options.max_terms=3",
                       "rollout.max_new_tokens=96",
                       "instruction= Show your work step by step, then give the final answer."],
+    # issue 39 step 5: the outcome is decided by the first number; the rest cannot change it
+    "products_first": ["task_options.answer_rule=first_number", "rollout.max_new_tokens=64",
+                       "instruction= Give the answer first, then explain your reasoning."],
 }
 
 
@@ -45,7 +49,7 @@ def _run(task: str, estimator: str, steps: int, warmup: int,
          extra: list[str]) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out:
         config = load_config(None, [f"estimator={estimator}", f"out={out}", "eval.at_start=false",
-                                    "log.progress=false", "log.tensorboard=false",
+                                    "log.progress=false", "log.report_to=none",
                                     "log.samples_per_step=0", "log.checkpoint_every=0",
                                     f"steps={steps + warmup}", *TASKS[task], *extra])
         trainer = Trainer(config)

@@ -82,6 +82,24 @@ def test_unknown_task_and_bad_options() -> None:
         load_task("/nonexistent/file.jsonl")
 
 
+def test_a_task_scored_on_the_first_number_ignores_what_follows_it() -> None:
+    task = load_task("products", options={"answer_rule": "first_number"}, train_size=20,
+                     eval_size=5, seed=0)
+    default = load_task("products", train_size=20, eval_size=5, seed=0)
+    assert [p.prompt for p in task.train] == [p.prompt for p in default.train]
+    assert "first number" in task.name and "first number" not in default.name
+    problem = task.eval[0]
+    answer, wrong = problem.answer, str(int(problem.answer) + 1)
+    assert task.score(problem, f"{answer}. Then rambling on: 3, 4, and {wrong}.") == 1.0
+    assert default.score(problem, f"{answer}. Then rambling on: 3, 4, and {wrong}.") == 0.0
+    assert task.score(problem, f"It is {wrong}, so the answer is {answer}") == 0.0
+    assert task.score(problem, "no number at all") == 0.0
+    assert task.extract(f"x {answer} y 9") == answer
+    with pytest.raises(ValueError, match=r"task_options.answer_rule must be one of "
+                                         r"\['final', 'first_number'\], got 'last'"):
+        load_task("products", options={"answer_rule": "last"}, train_size=5, eval_size=2)
+
+
 def _rows(n: int) -> list[dict]:
     return [
         {

@@ -3,13 +3,19 @@
 SmolLM2-135M-Instruct almost never writes a requested ``Answer: <value>`` line; it explains and
 ends with the number ("... so 5 - 3 = 2."). The extractor therefore takes, in order of precedence:
 the last ``\\boxed{...}``, the last ``Answer: ...`` line, and otherwise the last number in the text.
+
+A task can read the first number instead (:data:`ANSWER_RULES`, ``task_options.answer_rule``):
+then the tokens after it cannot change the reward, which makes a task whose outcome is decided by
+a few tokens among many that do not matter (docs/results.md, the credit control's step 5).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
-__all__ = ["extract_answer", "last_boxed", "last_number", "normalize_number"]
+__all__ = ["ANSWER_RULES", "extract_answer", "first_number", "last_boxed", "last_number",
+           "normalize_number"]
 
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _ANSWER_LINE = re.compile(r"(?im)^\W*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
@@ -48,6 +54,12 @@ def last_number(text: str) -> str | None:
     return normalize_number(matches[-1]) if matches else None
 
 
+def first_number(text: str) -> str | None:
+    """The first number in ``text`` (as :func:`last_number` reads numbers), normalised."""
+    match = _NUMBER.search(text)
+    return normalize_number(match.group()) if match else None
+
+
 def extract_answer(text: str) -> str | None:
     """The response's final answer: last ``\\boxed{}``, else last ``Answer:`` line, else the last
     number. A boxed or answer-line value that contains a number is reduced to that number."""
@@ -69,3 +81,12 @@ def _is_numberish(text: str) -> bool:
     """True when ``text`` is a number with at most light decoration (``$ 12.``, ``x = -3``)."""
     stripped = re.sub(r"[\s$\\().]|^[a-zA-Z]\s*=", "", text.strip())
     return bool(re.fullmatch(r"[-−]?[\d,]+(?:\.\d+)?(?:/\d+)?", stripped))
+
+
+ANSWER_RULES: dict[str, Callable[[str], str | None]] = {
+    "final": extract_answer,
+    "first_number": first_number,
+}
+"""What a reasoning-gym task's scorer reads from a response (``task_options.answer_rule``):
+``final`` (default) the final answer (:func:`extract_answer`); ``first_number`` the first number,
+so that nothing after it can change the reward."""

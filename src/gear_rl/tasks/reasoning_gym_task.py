@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gear_rl.tasks.answers import extract_answer
+from gear_rl.tasks.answers import ANSWER_RULES
 from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, DEFAULT_TRAIN_SIZE, Problem, Task
 
 __all__ = ["PRESETS", "reasoning_gym_task"]
@@ -57,7 +57,9 @@ def reasoning_gym_task(
     Args:
         name: a preset name or any reasoning-gym dataset name (``basic_arithmetic``,
             ``products``, ``chain_sum``, ``gsm_symbolic``, ...).
-        options: dataset config overrides (for a preset: on top of the preset's).
+        options: dataset config overrides (for a preset: on top of the preset's), and
+            ``answer_rule``, this project's own: what the scorer reads (a key of
+            :data:`~gear_rl.tasks.answers.ANSWER_RULES`; default ``final``).
         train_size: problems in the training split.
         eval_size: held-out problems; generated from a different seed, and any training problem
             whose question is also in the held-out split is dropped, so none is seen in training.
@@ -72,10 +74,16 @@ def reasoning_gym_task(
     """
     import reasoning_gym
 
+    options = dict(options or {})
+    rule = options.pop("answer_rule", "final")
+    if rule not in ANSWER_RULES:
+        raise ValueError(f"task_options.answer_rule must be one of {sorted(ANSWER_RULES)}, got "
+                         f"{rule!r}")
+    extract = ANSWER_RULES[rule]
     if name in PRESETS:
-        dataset_name, config = PRESETS[name][0], {**PRESETS[name][1], **(options or {})}
+        dataset_name, config = PRESETS[name][0], {**PRESETS[name][1], **options}
     else:
-        dataset_name, config = name, dict(options or {})
+        dataset_name, config = name, options
     if dataset_name not in reasoning_gym.factory.DATASETS:
         raise ValueError(
             f"unknown task {name!r}: not a preset {sorted(PRESETS)} nor a reasoning-gym dataset "
@@ -114,9 +122,10 @@ def reasoning_gym_task(
                                                     for p in eval_problems})
 
     def scorer(problem: Problem, response: str) -> float:
-        answer = extract_answer(response)
+        answer = extract(response)
         score = float(train_data.score_answer(answer, problem.metadata["entry"]))
         return score if partial_credit else float(score >= 1.0)
 
-    return Task(name=f"reasoning_gym/{dataset_name} {config}", train=train_problems,
-                eval=eval_problems, scorer=scorer, extract=extract_answer)
+    read = "" if rule == "final" else f" (scored on the {rule.replace('_', ' ')})"
+    return Task(name=f"reasoning_gym/{dataset_name} {config}{read}", train=train_problems,
+                eval=eval_problems, scorer=scorer, extract=extract)
