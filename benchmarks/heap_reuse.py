@@ -78,7 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gear-rl-heap-reuse-") as scratch:
         batch = os.path.join(scratch, "batch.pkl")
         base = [f"threads={args.threads}", "optim.lr=1e-12", "eval.at_start=false",
-                "log.progress=false", "log.tensorboard=false", *args.overrides]
+                "log.progress=false", "log.report_to=none", *args.overrides]
 
         def worker(kind: str, extra: list[str]) -> object:
             out = os.path.join(scratch, f"run-{len(os.listdir(scratch))}")

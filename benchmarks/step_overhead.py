@@ -93,7 +93,7 @@ def _time_phases_cpu(trainer: Trainer) -> dict[str, float]:
 def bench_steps(overrides: list[str], steps: int, workdir: str) -> tuple[dict, Trainer]:
     """Median step/phase times (wall and CPU) of GEAR and GRPO, alternating, with frozen
     weights; also returns the GEAR trainer, which the caller closes."""
-    common = [*overrides, "optim.lr=1e-12", "log.progress=false", "log.tensorboard=false",
+    common = [*overrides, "optim.lr=1e-12", "log.progress=false", "log.report_to=none",
               "log.samples_per_step=0", "log.checkpoint_every=0", "eval.at_start=false"]
     gear_config = load_config(None, [*common, "estimator=gear", f"out={workdir}/gear"])
     # Both trainers get a copy of one loaded model, so neither holds the weights in memory laid

@@ -37,7 +37,7 @@ from gear_rl.study import parse_spec, run_study
 from gear_rl.study.runner import machine_info
 
 BUDGET = {"steps": 2, "eval.size": 16, "eval.k": 2, "eval.at_start": False,
-          "log.tensorboard": False, "log.checkpoint_every": 0, "log.samples_per_step": 0}
+          "log.report_to": "none", "log.checkpoint_every": 0, "log.samples_per_step": 0}
 
 
 def _study(overrides: dict) -> dict:

@@ -142,7 +142,7 @@ def main() -> None:
         batch = os.path.join(scratch, "batch.pkl")
         base = [f"task={args.task}", f"estimator={args.estimator}", f"threads={args.threads}",
                 *TASK_SETTINGS.get(args.task, ()), "optim.lr=1e-12", "eval.at_start=false",
-                "log.progress=false", "log.tensorboard=false", *args.overrides]
+                "log.progress=false", "log.report_to=none", *args.overrides]
 
         def worker(kind: str, extra: list[str]) -> dict:
             out = os.path.join(scratch, f"run-{kind}-{len(os.listdir(scratch))}")

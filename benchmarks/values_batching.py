@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as out:
         config = load_config(None, [f"estimator={args.estimator}", f"out={out}",
                                     "eval.at_start=false", "log.progress=false",
-                                    "log.tensorboard=false", *TASKS[args.task]])
+                                    "log.report_to=none", *TASKS[args.task]])
         trainer = Trainer(config)
         try:
             batch = trainer.rollout(1)

@@ -130,7 +130,7 @@ TRL_PHASES = ("generate", "reward", "credit", "other", "update")
 # because it decides which problems are held out of training). The precision is added per run
 # (``--precision``).
 GEARRL_COMMON = ("eval.at_start=false", "eval.k=1", "log.progress=false",
-                 "log.tensorboard=false", "log.samples_per_step=0", "log.checkpoint_every=0")
+                 "log.report_to=none", "log.samples_per_step=0", "log.checkpoint_every=0")
 
 
 # ---------------------------------------------------------------------------------- machine

@@ -35,7 +35,7 @@ def one_thread() -> Iterator[None]:
 TINY_RUN = (
     "model=tiny-random", "steps=2", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
     "rollout.max_new_tokens=10", "eval.at_start=false", "eval.k=1", "eval.max_new_tokens=6",
-    "log.tensorboard=false", "log.progress=false", "log.samples_per_step=2",
+    "log.report_to=none", "log.progress=false", "log.samples_per_step=2",
     "loss.micro_batch_size=3", "optim.lr=1e-3",
 )
 

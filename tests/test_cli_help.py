@@ -34,7 +34,8 @@ def test_console_help_lists_every_key_with_its_default() -> None:
         assert f"\n  {key} = " in out, key
     assert "\n  rollout.temperature = 1.0\n      sampling temperature;" in out
     assert "\n  optim.eps = 1e-08\n      AdamW's denominator term" in out
-    assert "\n  log.tensorboard = true\n" in out and "\n  rollout.batch_size = null\n" in out
+    assert '\n  log.report_to = ["tensorboard"]\n' in out
+    assert "\n  rollout.batch_size = null\n" in out
     # the default estimator's credit keys, and every registered estimator with its line
     default = TrainConfig().estimator
     assert f"estimator={default}: {get_estimator(default).description}" in out

@@ -34,7 +34,7 @@ def test_train_then_eval_a_run_directory(tmp_path, capsys) -> None:
                  f"out={run}", "estimator=grpo", "rollout.prompts_per_step=2",
                  "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4", "eval.size=2",
                  "eval.k=1", "eval.max_new_tokens=4", "log.progress=false",
-                 "log.tensorboard=false"])
+                 "log.report_to=none"])
     assert code == 0
     out = capsys.readouterr().out
     assert "held-out" in out and str(run) in out

@@ -206,7 +206,7 @@ def test_compare_trains_estimators_over_seeds(tmp_path: Path, capsys) -> None:
     argv = ["compare", "--estimators", "grpo,gear", "--seeds", "0,1", "--out", str(out),
             "model=tiny-random", "steps=1", "rollout.prompts_per_step=2",
             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "eval.size=4",
-            "eval.k=2", "eval.max_new_tokens=4", "log.tensorboard=false",
+            "eval.k=2", "eval.max_new_tokens=4", "log.report_to=none",
             "log.progress=false", "log.checkpoint_every=0", "threads=1"]
     assert main(argv) == 0
     table = capsys.readouterr().out

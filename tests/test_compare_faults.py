@@ -94,7 +94,7 @@ def test_what_a_comparison_varies_is_not_a_mismatch(tmp_path: Path) -> None:
     # eval cadence, batch sizes) may differ.
     runs = [write_run(tmp_path / "a", "estimator=grpo", "steps=2", evals={2: 0.5}),
             write_run(tmp_path / "b", "estimator=gear", "steps=2", "seed=3",
-                      "credit.lambda_kl=0.2", "threads=1", "log.tensorboard=false",
+                      "credit.lambda_kl=0.2", "threads=1", "log.report_to=none",
                       "eval.every=1", "eval.batch_size=4", "loss.micro_batch_size=2",
                       evals={1: 0.4, 2: 0.6})]
     comparison = compare_runs(runs)
@@ -192,7 +192,7 @@ def test_an_interrupted_comparison_resumes_its_runs(tmp_path: Path, monkeypatch,
     argv = ["compare", "--estimators", "grpo", "--seeds", "0", "--out", str(out),
             "model=tiny-random", "steps=2", "rollout.prompts_per_step=2",
             "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "eval.size=4",
-            "eval.k=2", "eval.max_new_tokens=4", "eval.at_start=false", "log.tensorboard=false",
+            "eval.k=2", "eval.max_new_tokens=4", "eval.at_start=false", "log.report_to=none",
             "log.progress=false", "log.checkpoint_every=1", "threads=1"]
     step = Trainer.step
 
@@ -230,7 +230,7 @@ def test_an_interrupted_comparison_resumes_its_runs(tmp_path: Path, monkeypatch,
 def test_a_run_interrupted_before_its_first_checkpoint_is_named(tmp_path: Path,
                                                                 capsys) -> None:
     out = tmp_path / "cmp"
-    overrides = ["model=tiny-random", "steps=2", "log.tensorboard=false"]
+    overrides = ["model=tiny-random", "steps=2", "log.report_to=none"]
     run = out / "grpo-s0"
     write_run(run, *overrides, "estimator=grpo", "seed=0", evals={}, last_step=1,
               summary=False)

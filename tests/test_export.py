@@ -223,7 +223,7 @@ def smollm2_export(tmp_path_factory) -> tuple[Path, Path]:
     assert main(["train", "model=smollm2-135m", "task=products", "train_size=4", "steps=1",
                  "estimator=grpo", "rollout.prompts_per_step=1", "rollout.samples_per_prompt=2",
                  "rollout.max_new_tokens=8", "eval.at_start=false", "eval.size=1", "eval.k=1",
-                 "eval.max_new_tokens=2", "log.progress=false", "log.tensorboard=false",
+                 "eval.max_new_tokens=2", "log.progress=false", "log.report_to=none",
                  f"out={run}"]) == 0
     assert main(["export", str(run), str(out), "dtype=fp32"]) == 0
     return run, out

@@ -423,7 +423,7 @@ def test_an_output_folder_that_is_a_file_is_refused_in_one_line(tmp_path: Path,
 COMPARE = ["compare", "--estimators", "grpo", "--seeds", "0", "model=tiny-random", "steps=2",
            "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
            "rollout.max_new_tokens=6", "eval.size=4", "eval.k=2", "eval.max_new_tokens=4",
-           "eval.at_start=false", "log.tensorboard=false", "log.progress=false",
+           "eval.at_start=false", "log.report_to=none", "log.progress=false",
            "log.checkpoint_every=1", "threads=1"]
 
 

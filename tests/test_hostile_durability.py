@@ -180,7 +180,7 @@ def _tiny_cli(out: Path, *extra: str) -> list[str]:
     return ["model=tiny-random", "task=arithmetic", "train_size=16", "estimator=grpo",
             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
             "rollout.max_new_tokens=4", "eval.size=2", "eval.k=1", "eval.max_new_tokens=4",
-            "eval.at_start=false", "log.progress=false", "log.tensorboard=false", "threads=1",
+            "eval.at_start=false", "log.progress=false", "log.report_to=none", "threads=1",
             f"out={out}", *extra]
 
 

@@ -194,6 +194,19 @@ def test_settings_parse_and_reject_bad_keys() -> None:
         settings_from_algorithm(_algorithm("gae"))
 
 
+def test_run_log_settings_default_on_and_checked() -> None:
+    settings = settings_from_algorithm(_algorithm("gear"))
+    assert settings.log_samples_per_step == 4 and settings.run_log_dir is None
+    chosen = settings_from_algorithm(_algorithm("gear", log_samples_per_step=0,
+                                                run_log_dir="/tmp/x"))
+    assert chosen.log_samples_per_step == 0 and chosen.run_log_dir == "/tmp/x"
+    for bad in (-1, True, "4"):
+        with pytest.raises(ValueError, match="log_samples_per_step"):
+            settings_from_algorithm(_algorithm("gear", log_samples_per_step=bad))
+    with pytest.raises(ValueError, match="run_log_dir"):
+        settings_from_algorithm(_algorithm("gear", run_log_dir=""))
+
+
 def test_k3_and_k1_from_sampled_logprobs() -> None:
     student = torch.tensor([[-1.0, -2.0, -0.5, 7.0]])
     teacher = torch.tensor([[-1.0, -1.0, -3.0, float("nan")]])

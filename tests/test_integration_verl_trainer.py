@@ -190,6 +190,7 @@ def test_advantage_step_runs_the_teacher_pass_and_gear(monkeypatch) -> None:
     trainer.gear_settings = gear_trainer.gear_settings_for(config)
     trainer.tokenizer, trainer.processor, trainer.timing_raw = tokenizer, None, {}
     trainer.actor_rollout_wg = FakeActor(store, model)
+    trainer.global_steps = 3
 
     def encode(text):
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -249,6 +250,22 @@ def test_advantage_step_runs_the_teacher_pass_and_gear(monkeypatch) -> None:
     torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
     assert {"gear/adv_abs_mean", "gear/weight_mean_pos", "gear/weight_mean_neg",
             "gear/divergence_mean", "gear/segment_frac"} <= set(metrics)
+
+    # The run log's records of the step (written once verl's metrics are complete): the
+    # advantages verl wrote back, the signals the estimator read, the rows' scores and texts.
+    own, records = trainer._gear_pending
+    assert own["reward_mean"] == 0.5 and own["groups_mixed"] == 1.0
+    assert [r["row"] for r in records] == [0, 1, 2, 3] and {r["step"] for r in records} == {3}
+    for record in records:
+        row, n = record["row"], len(responses[record["row"]])
+        assert record["token_ids"] == responses[row] and record["problem_id"] == f"u{row // 2}"
+        assert record["answer"] == "7" and record["reward"] == rewards[row // 2][row % 2]
+        assert record["response"] == answers[row // 2][row % 2]
+        for key, value in (("token_advantage", expected), ("divergence", divergence),
+                           ("entropy", student.entropy)):
+            torch.testing.assert_close(torch.tensor(record[key]), value[row, :n], rtol=0,
+                                       atol=1e-5)
+        assert len(record["segment_onset"]) == len(record["weight"]) == n
 
 
 RECIPE_DIR = os.path.join(os.path.dirname(__file__), "..", "recipes", "verl")

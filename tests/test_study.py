@@ -167,7 +167,7 @@ TINY_BUDGET = {
     "model": "tiny-random", "task": "arithmetic", "train_size": 32, "steps": 2,
     "rollout": {"prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 8},
     "eval": {"size": 4, "k": 2, "max_new_tokens": 4},
-    "log": {"tensorboard": False, "samples_per_step": 2, "checkpoint_every": 1},
+    "log": {"report_to": "none", "samples_per_step": 2, "checkpoint_every": 1},
     "optim.lr": 1e-3,
 }
 

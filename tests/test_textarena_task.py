@@ -91,7 +91,7 @@ def test_trainer_runs_a_textarena_task(tmp_path, estimator: str) -> None:
         "steps=2", f"estimator={estimator}", "train_size=4", "eval.size=2", "eval.k=1",
         "eval.at_start=false", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
         "agent.max_turns=3", "agent.max_new_tokens_per_turn=4", "eval.max_new_tokens=4",
-        "agent.max_response_tokens=600", "log.tensorboard=false", "log.progress=false",
+        "agent.max_response_tokens=600", "log.report_to=none", "log.progress=false",
         "loss.micro_batch_size=4", "optim.lr=1e-3",
     ])
     trainer = Trainer(config, model=tiny_random_model("llama", seed=1, initializer_range=0.2),

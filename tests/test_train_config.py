@@ -54,13 +54,13 @@ def test_dotted_overrides_and_types(tmp_path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text("estimator: grpo\nrollout:\n  temperature: 0.7\nsteps: 5\n")
     config = load_config(path, ["steps=7", "rollout.top_p=0.9", "optim.lr=3e-6",
-                                "credit.eps=0.001", "log.tensorboard=false",
+                                "credit.eps=0.001", "log.report_to=none",
                                 "out=/tmp/x", "rollout.batch_size=null"])
     assert config.estimator == "grpo" and config.steps == 7
     assert config.rollout.temperature == 0.7 and config.rollout.top_p == 0.9
     assert config.optim.lr == 3e-6 and isinstance(config.optim.lr, float)
     assert config.credit == {"eps": 0.001}
-    assert config.log.tensorboard is False and config.rollout.batch_size is None
+    assert config.log.report_to == ["none"] and config.rollout.batch_size is None
 
 
 def test_load_config_without_validation_still_checks_keys() -> None:

@@ -78,7 +78,7 @@ def test_kl_opsd_agg_modes_epochs_minibatches(tmp_path) -> None:
     steps = run_and_check(tmp_path, "estimator=grpo", "loss.kl_coef=0.1", "loss.opsd_coef=0.5",
                           "loss.agg_mode=seq-mean-token-sum-norm", "loss.epochs=2",
                           "loss.minibatches=2", "optim.warmup_steps=2",
-                          "log.tensorboard=true")
+                          "log.report_to=tensorboard")
     assert steps[0]["lr"] == pytest.approx(0.5e-3) and steps[1]["lr"] == pytest.approx(1e-3)
     assert "ref_kl" in steps[0] and steps[0]["opsd_loss"] > 0
     assert any((tmp_path / "run" / "tensorboard").iterdir())

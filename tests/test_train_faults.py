@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CLI_ARGS = ["model=tiny-random", "task=arithmetic", "train_size=32", "estimator=grpo",
             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
             "rollout.max_new_tokens=8", "eval.size=2", "eval.k=1", "eval.at_start=false",
-            "eval.max_new_tokens=4", "log.progress=false", "log.tensorboard=false",
+            "eval.max_new_tokens=4", "log.progress=false", "log.report_to=none",
             "log.checkpoint_every=1", "optim.lr=1e-3", "threads=1"]
 
 

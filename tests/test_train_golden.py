@@ -145,7 +145,7 @@ def test_plugin_estimator_trains_from_the_cli(tmp_path) -> None:
             "plugins=[plugin_pkg.late_half]", "estimator=late_half_test",
             "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4",
             "rollout.max_new_tokens=8", "eval.size=2", "eval.k=1", "eval.at_start=false",
-            "eval.max_new_tokens=4", "log.progress=false", "log.tensorboard=false",
+            "eval.max_new_tokens=4", "log.progress=false", "log.report_to=none",
             "threads=1", f"out={out}"]
     done = subprocess.run([sys.executable, "-m", "gear_rl.cli", "train", *args], env=env,
                           capture_output=True, text=True, timeout=300, check=False)

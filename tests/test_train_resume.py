@@ -19,7 +19,7 @@ ARGS = [
     "loss.opsd_coef=0.5", "steps=10", "seed=3", "rollout.prompts_per_step=2",
     "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8", "eval.size=4", "eval.k=1",
     "eval.max_new_tokens=4", "eval.every=4", "log.checkpoint_every=2", "log.progress=false",
-    "log.tensorboard=false", "optim.lr=1e-3", "threads=1",
+    "log.report_to=none", "optim.lr=1e-3", "threads=1",
 ]
 # a multi-turn environment: every turn's sampling reuses the previous turn's KV cache
 # (agent.reuse_kv_cache, the default), which lives within one rollout

@@ -16,7 +16,7 @@ def test_one_gear_step_on_smollm2(tmp_path) -> None:
         f"out={tmp_path / 'run'}", "steps=1", "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8", "eval.at_start=false",
         "eval.size=2", "eval.k=1", "eval.max_new_tokens=8", "log.progress=false",
-        "log.tensorboard=false", "train_size=50",
+        "log.report_to=none", "train_size=50",
         # the teacher on every row: with 2 samples a group is often constant, and the default
         # (nonzero_advantage) would then have no divergence to log
         "signals.teacher_rows=all",

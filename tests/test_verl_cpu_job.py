@@ -258,16 +258,55 @@ def _check_dumps(dump_dir: Path, estimator: str, steps: int = 2) -> None:
         assert float((record["advantages"] * mask).abs().sum()) > 0
 
 
+def _check_run_log(folder: Path, dump_dir: Path, out: Path, steps: int = 2) -> None:
+    """The ``gear`` trainer mode's run log (in ``trainer.default_local_dir``) is what ``gear-rl
+    report`` reads: per step a metrics line and 4 trajectories whose per-token credit, mask and
+    divergence are the step's dumped ones (the batch has no padding rows: 8 rows on 2 ranks)."""
+    from gear_rl.cli import main
+    from gear_rl.report import load_run
+
+    run = load_run(folder)
+    assert run.engine == "verl" and run.estimator == "gear" and run.summary["steps"] == steps
+    assert run.config["steps"] == steps and run.config["rollout"]["samples_per_prompt"] == 2
+    assert run.config["verl"]["algorithm"]["adv_estimator"] == "gear"
+    assert [r["step"] for r in run.metrics] == list(range(1, steps + 1))
+    for record in run.metrics:
+        assert {"reward_mean", "groups_mixed", "entropy_mean", "adv_abs_mean", "segment_frac",
+                "time/step", "actor/pg_loss", "gear/segment_frac"} <= set(record), record
+    assert [s["step"] for s in run.samples] == [step for step in range(1, steps + 1)
+                                                for _ in range(4)]
+    for sample in run.samples:
+        dump = torch.load(dump_dir / f"step-{sample['step']:04d}.pt")
+        row, n = sample["row"], len(sample["tokens"])
+        assert sample["problem_id"] == dump["uid"][row] and sample["answer"] is not None
+        assert sample["mask"] == dump["response_mask"][row, :n].int().tolist()
+        assert sample["reward"] == pytest.approx(float(dump["token_level_scores"][row].sum()))
+        for key, name in (("token_advantage", "advantages"), ("divergence", "divergence"),
+                          ("entropy", "entropy")):
+            torch.testing.assert_close(torch.tensor(sample[key]), dump[name][row, :n].float(),
+                                       rtol=0, atol=1e-5)
+        assert len(sample["segment_onset"]) == len(sample["weight"]) == n
+    assert main(["report", str(folder), "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert '<code id="engine">verl</code>' in page
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)'
+                                r"</script>", page, re.S).group(1))
+    assert {s["key"] for s in data["signals"] if s["available"]} >= {
+        "divergence", "entropy", "segment", "weight", "advantage"}
+    assert [entry["step"] for entry in data["steps"]] == list(range(1, steps + 1))
+
+
 @pytest.mark.slow
 def test_grpo_job_one_rank(workdir) -> None:
-    rc, log, _ = _job(workdir, "grpo", ["algorithm.adv_estimator=grpo",
+    rc, log, run = _job(workdir, "grpo", ["algorithm.adv_estimator=grpo",
                                         "trainer.v1.trainer_mode=sync"])
     metrics = _check_run(rc, log)
     assert not any(key.startswith("gear/") for key in metrics[1])
+    assert not (run / "checkpoints" / "samples.jsonl").exists()  # verl's own loop: no run log
 
 
 @pytest.mark.slow
-def test_gear_job_two_ranks_uses_the_registry_advantages(workdir) -> None:
+def test_gear_job_two_ranks_uses_the_registry_advantages(workdir, tmp_path) -> None:
     rc, log, run = _job(workdir, "gear", [
         "algorithm.adv_estimator=gear", "trainer.v1.trainer_mode=gear",
         "trainer.n_gpus_per_node=2", f"++algorithm.gear.dump_dir={workdir}/run-gear/dump"])
@@ -278,6 +317,7 @@ def test_gear_job_two_ranks_uses_the_registry_advantages(workdir) -> None:
             assert math.isfinite(values[key]), (key, values)
         assert values["gear/teacher_prompt_no_reference_frac"] == 0.0
     _check_dumps(run / "dump", "gear")
+    _check_run_log(run / "checkpoints", run / "dump", tmp_path / "report")
 
 
 PLUGIN_ENV = """\
@@ -327,7 +367,7 @@ def test_plugin_estimators_from_both_paths_in_one_job(workdir, tmp_path) -> None
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     rc, log, run = _job(workdir, "plugins", [
         "algorithm.adv_estimator=config_plugin_credit", "trainer.v1.trainer_mode=gear",
-        "++algorithm.gear.plugins=[config_plugin]",
+        "++algorithm.gear.plugins=[config_plugin]", "++algorithm.gear.log_samples_per_step=0",
         f"++algorithm.gear.dump_dir={workdir}/run-plugins/dump"], env=env)
     metrics = _check_run(rc, log)
     assert all("gear/adv_abs_mean" in values for values in metrics.values())
@@ -338,6 +378,7 @@ def test_plugin_estimators_from_both_paths_in_one_job(workdir, tmp_path) -> None
         assert {"env_plugin_credit", "entry_point_plugin_credit", "config_plugin_credit",
                 "gear"} <= set(names)
     _check_dumps(run / "dump", "gear")  # the plugin is GEAR under another name
+    assert not any((run / "checkpoints").glob("*.jsonl"))  # log_samples_per_step=0: no run log
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ A run of ``gear-rl train`` lives in one folder::
       summary.json        written when the run finishes (its absence marks an unfinished run)
       checkpoints/        step-NNNNNN/ folders and the one-line pointer ``latest`` (which
                           may name only one of these folders)
-      tensorboard/        TensorBoard event files
+      tensorboard/        TensorBoard event files (``log.report_to`` names tensorboard)
+      wandb/              Weights & Biases' own folder (``log.report_to`` names wandb)
       credit_check/       ``gear-rl credit-check RUN_DIR``'s folder (its default ``out``):
         credit_check.md     the tables
         credit_check.json   every number, and the scored trajectories token by token
@@ -34,6 +35,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
@@ -57,6 +59,7 @@ __all__ = [
     "SAMPLES",
     "SUMMARY",
     "TENSORBOARD",
+    "WANDB",
     "RunDir",
     "append_jsonl",
     "atomic_write_bytes",
@@ -79,6 +82,8 @@ SAMPLES = "samples.jsonl"
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
 TENSORBOARD = "tensorboard"
+WANDB = "wandb"
+"""W&B's folder: ``wandb.init(dir=RUN_DIR)`` writes its runs into ``RUN_DIR/wandb/``."""
 LATEST = "latest"
 LOCK = ".lock"
 """The lock file of a folder one process writes at a time (:meth:`RunDir.lock`)."""
@@ -279,6 +284,10 @@ class RunDir:
     def tensorboard(self) -> Path:
         return self.path / TENSORBOARD
 
+    @property
+    def wandb(self) -> Path:
+        return self.path / WANDB
+
     # ---- facts
     def is_run(self) -> bool:
         """Whether the folder holds a gear-rl run (its ``config.yaml``)."""
@@ -358,6 +367,13 @@ class RunDir:
         except BaseException:
             self.unlock()
             raise
+
+    def discard_new(self) -> None:
+        """Remove a new run that never reached its first step (a tracker that failed to
+        start), folder and all, and unlock it. Only for a folder :meth:`claim_new` took: it
+        held nothing else, so everything in it is the new run's."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        self.unlock()
 
     # ---- writing
     def create(self, config: dict[str, Any], info: dict[str, Any]) -> None:

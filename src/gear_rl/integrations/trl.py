@@ -52,6 +52,21 @@ processes is seen in part). It keeps TRL's ``A_i`` on every policy token (``W = 
 credit) rather than losing its learning signal to ``W = 0``, and ``gear/outcome_fallback_frac``
 counts such rows.
 
+Run log: with ``log_samples_per_step > 0`` (default 4) the trainer also writes a gear-rl run
+directory (``run_log_dir``, default TRL's ``output_dir``; :class:`gear_rl.runlog.EngineRunLog`)
+that ``gear-rl report`` and ``gear-rl compare`` read like a ``gear-rl train`` run: ``config.yaml``
+(estimator, credit, seed, model, budget, and TRL's arguments under ``trl``), ``run.json`` with
+``engine: trl``, ``samples.jsonl`` (``log_samples_per_step`` trajectories of each training
+generation batch, best and worst of mixed groups first, through the trainer's own record builder
+:func:`gear_rl.runlog.sample_records`: tokens, policy mask, entropy, divergence, log-probs,
+segment onsets, weights ``W`` against TRL's ``A``, the final token advantage) and
+``metrics.jsonl`` (per step: :func:`~gear_rl.runlog.rollout_metrics` and the credit
+diagnostics under the trainer's names; at each TRL logging step TRL's own logs under
+``trl/``, its ``step_time`` also as ``time/step``), and ``summary.json`` at the end. A step
+is TRL's ``global_step`` being trained (1 first); a resumed run drops the records after its
+checkpoint's step. Only the main process writes, from its own share of the batch.
+``log_samples_per_step=0`` writes nothing.
+
 Everything else (generation, rewards, loss, logging, vLLM, multi-process) is TRL's.
 """
 
@@ -60,11 +75,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import sys
+import uuid
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar, cast
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from gear_rl.credit import CreditBatch, Estimator, credit_diagnostics, get_estimator, load_plugins
@@ -80,6 +98,14 @@ from gear_rl.integrations.teacher_inputs import (
     SPLICED_TAIL,
     lookup_reference,
     teacher_prompt_ids,
+)
+from gear_rl.runlog import (
+    DEFAULT_LOG_SAMPLES,
+    EngineRunLog,
+    check_run_log_settings,
+    engine_metrics,
+    rollout_metrics,
+    sample_records,
 )
 from gear_rl.signals import DIVERGENCE_KINDS, TeacherPromptConfig, response_logprobs, token_signals
 from gear_rl.signals import prompt_ids as render_prompt_ids
@@ -162,6 +188,11 @@ class CreditGRPOConfig(GRPOConfig):
         divergence_topk: support size for ``divergence="topk"``.
         signal_chunk_size: response positions per LM-head chunk in the signal pass (``None``:
             automatic).
+        log_samples_per_step: trajectories per training step kept in the gear-rl run log's
+            ``samples.jsonl`` (``gear-rl report``'s token-credit viewer); 0 writes no run log at
+            all (no ``config.yaml``, ``metrics.jsonl`` or ``samples.jsonl``).
+        run_log_dir: the gear-rl run directory (``gear-rl report``/``compare`` read it);
+            ``None``: ``output_dir``.
     """
 
     estimator: str = "gear"
@@ -176,6 +207,8 @@ class CreditGRPOConfig(GRPOConfig):
     divergence: str = "full"
     divergence_topk: int | None = None
     signal_chunk_size: int | None = None
+    log_samples_per_step: int = DEFAULT_LOG_SAMPLES
+    run_log_dir: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -232,6 +265,7 @@ class CreditGRPOConfig(GRPOConfig):
                 or not isinstance(self.signal_chunk_size, int) or self.signal_chunk_size < 1):
             raise ValueError(f"signal_chunk_size must be None or an integer >= 1, "
                              f"got {self.signal_chunk_size!r}")
+        check_run_log_settings("", self.log_samples_per_step, self.run_log_dir)
 
     @property
     def credit_estimator(self) -> Estimator:
@@ -289,7 +323,9 @@ class CreditGRPOTrainer(GRPOTrainer):
     Takes the same arguments as ``GRPOTrainer``; ``args`` must be a :class:`CreditGRPOConfig`,
     and the dataset needs ``args.reference_column`` when the estimator reads teacher signals.
     Logs ``gear/<name>`` for each credit diagnostic (``gear_rl.credit.credit_diagnostics``),
-    ``gear/outcome_fallback_frac`` and, with a teacher, ``gear/teacher_prompt_<how>_frac``.
+    ``gear/outcome_fallback_frac`` and, with a teacher, ``gear/teacher_prompt_<how>_frac``;
+    with ``args.log_samples_per_step > 0`` also writes the gear-rl run log (module docstring, "Run
+    log"; :attr:`run_log`).
     """
 
     def __init__(self, *positional: Any, **kwargs: Any) -> None:
@@ -300,10 +336,22 @@ class CreditGRPOTrainer(GRPOTrainer):
                 f"got {type(args).__name__}"
             )
         super().__init__(*positional, **kwargs)
+        # the open gear-rl run log (main process, during train()), else None
+        self.run_log: EngineRunLog | None = None
+        self._rewards_per_func: torch.Tensor | None = None
+        if args.log_samples_per_step > 0:
+            self.add_callback(_RunLogCallback(self))
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)
         return self._apply_credit(inputs, output)
+
+    def _calculate_rewards(self, *positional: Any, **kwargs: Any) -> torch.Tensor:
+        """TRL's ``[N, F]`` rewards per reward function (every process's rows), kept for the
+        run log."""
+        rewards_per_func = super()._calculate_rewards(*positional, **kwargs)
+        self._rewards_per_func = rewards_per_func
+        return rewards_per_func
 
     def _apply_credit(self, inputs: list[dict[str, Any]],
                       output: dict[str, Any]) -> dict[str, Any]:
@@ -352,8 +400,111 @@ class CreditGRPOTrainer(GRPOTrainer):
 
         new_output = dict(output)
         new_output["advantages"] = token_advantages.to(device=device, dtype=advantages.dtype)
-        self._log_credit(estimator, config, batch, token_advantages, fallback, hows)
+        diagnostics = self._log_credit(estimator, config, batch, token_advantages, fallback,
+                                       hows)
+        if self.run_log is not None and self.model is not None and self.model.training:
+            self._write_run_log(inputs, output, prompts, batch, token_advantages, diagnostics)
         return new_output
+
+    def _write_run_log(self, inputs: list[dict[str, Any]], output: dict[str, Any],
+                       prompts: list[list[int]], batch: CreditBatch,
+                       advantages: torch.Tensor, diagnostics: dict[str, float]) -> None:
+        """One training step of the run log: ``samples.jsonl`` records of this process's rows
+        (``batch``: TRL's ``[B]`` advantage as rewards, ``[B, T]`` mask and signals;
+        ``advantages``: the ``[B, T]`` ones the loss gets) and the step's metrics line."""
+        assert self.run_log is not None
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
+        tokenizer = self._tokenizer
+        lengths = output["completion_mask"].sum(dim=1).tolist()
+        response_ids = [row[:int(n)].tolist()
+                        for row, n in zip(output["completion_ids"], lengths, strict=True)]
+        rewards = self._local_rewards(len(inputs))
+        batch = dataclasses.replace(batch, **{
+            name: getattr(batch, name).detach().cpu()
+            for name in ("rewards", "mask", "divergence", "entropy", "student_logprobs",
+                         "teacher_logprobs") if getattr(batch, name) is not None})
+        step = self.state.global_step + 1  # the step these completions train
+
+        def fields(row: int) -> dict[str, Any]:
+            example = inputs[row]
+            return {"problem_id": example.get("id", batch.group_ids[row]),
+                    "prompt": tokenizer.decode(prompts[row]),
+                    "answer": lookup_reference(example, args.reference_column),
+                    "response": tokenizer.decode(response_ids[row], skip_special_tokens=True)}
+
+        records = sample_records(
+            step, batch, advantages.detach().cpu(), response_ids,
+            estimator=args.credit_estimator, credit_config=args.credit_config,
+            decode=tokenizer.decode, count=args.log_samples_per_step, rewards=rewards,
+            outcome=batch.rewards, row_fields=fields)
+        metrics = {**rollout_metrics(rewards, batch.group_ids, batch.mask, response_ids,
+                                     batch.entropy), **diagnostics}
+        self.run_log.log_step(step, metrics, records)
+
+    def _local_rewards(self, size: int) -> torch.Tensor:
+        """``[size]`` this process's rewards of the last generation batch: TRL's weighted sum
+        over reward functions (an unscorable completion counts 0)."""
+        if self._rewards_per_func is None:
+            raise ValueError("no rewards of this generation batch were kept")
+        per_func = self._rewards_per_func
+        total = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+        start = self.accelerator.process_index * size
+        return total[start:start + size].detach().float().cpu()
+
+    def _open_run_log(self) -> None:
+        """Start (or, resuming, continue) the run log in ``run_log_dir`` / ``output_dir``."""
+        self._close_run_log(finished=False)
+        if not self.accelerator.is_main_process:
+            return
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
+        import transformers
+        import trl
+
+        self.run_log = EngineRunLog(
+            args.run_log_dir or args.output_dir or ".", engine="trl", config=self._run_config(),
+            info={"run_id": uuid.uuid4().hex, "trl": trl.__version__,
+                  "transformers": transformers.__version__, "torch": torch.__version__,
+                  "device": str(self.accelerator.device),
+                  "processes": self.accelerator.num_processes, "argv": sys.argv},
+            first_step=self.state.global_step + 1)
+
+    def _run_config(self) -> dict[str, Any]:
+        """``config.yaml`` of the run log: the keys ``gear-rl report``/``compare`` read, in the
+        trainer's names, and TRL's arguments under ``trl``."""
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
+        model = self.accelerator.unwrap_model(self.model)
+        name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+        dataset = self.train_dataset
+        task = getattr(getattr(dataset, "info", None), "dataset_name", None)
+        generations, per_prompt = args.generation_batch_size or 0, args.num_generations or 1
+        return {"estimator": args.estimator, "credit": dict(cast("dict", args.credit or {})),
+                "seed": args.seed, "model": name, "task": task or type(dataset).__name__,
+                "steps": self.state.max_steps,
+                "rollout": {"prompts_per_step": generations // per_prompt,
+                            "samples_per_prompt": args.num_generations,
+                            "max_new_tokens": args.max_completion_length,
+                            "temperature": args.temperature},
+                "trl": json.loads(json.dumps(args.to_dict(), default=str))}
+
+    def _log_trl(self, logs: dict[str, Any] | None) -> None:
+        """TRL's own logs of a logging step, as a ``metrics.jsonl`` line under ``trl/`` (its
+        ``step_time`` also as the trainer's ``time/step``)."""
+        if self.run_log is not None and logs:
+            values = {f"trl/{key}": value
+                      for key, value in engine_metrics(logs, prefix=None).items()}
+            if "trl/step_time" in values:
+                values["time/step"] = values["trl/step_time"]
+            self.run_log.log_step(self.state.global_step, values)
+
+    def _close_run_log(self, finished: bool = True) -> None:
+        if self.run_log is None:
+            return
+        args: CreditGRPOConfig = self.args  # type: ignore[assignment]
+        if finished:
+            self.run_log.finish({"estimator": args.estimator, "steps": self.state.global_step})
+        else:
+            self.run_log.close()
+        self.run_log = None
 
     def _group_ids(self, size: int) -> list[int]:
         """TRL's groups: ``num_generations`` consecutive completions of the whole (all-process)
@@ -390,17 +541,40 @@ class CreditGRPOTrainer(GRPOTrainer):
         return teacher, hows
 
     def _log_credit(self, estimator: Estimator, config: Any, batch: CreditBatch,
-                    advantages: torch.Tensor, fallback: torch.Tensor, hows: list[str]) -> None:
+                    advantages: torch.Tensor, fallback: torch.Tensor,
+                    hows: list[str]) -> dict[str, float]:
+        """Add the ``gear/...`` metrics of this batch to TRL's; returns the credit diagnostics
+        under their bare names."""
         assert self.model is not None  # the trainer is built with a model
         mode = "train" if self.model.training else "eval"
-        values = {f"gear/{name}": value for name, value in credit_diagnostics(
-            estimator, config, batch, advantages, outcome=batch.rewards).items()}
+        diagnostics = credit_diagnostics(estimator, config, batch, advantages,
+                                         outcome=batch.rewards)
+        values = {f"gear/{name}": value for name, value in diagnostics.items()}
         values["gear/outcome_fallback_frac"] = float(fallback.double().mean())
         if hows:
             for how in _HOWS:
                 values[f"gear/teacher_prompt_{how}_frac"] = hows.count(how) / len(hows)
         for name, value in values.items():
             self._metrics[mode][name].append(value)
+        return diagnostics
+
+
+class _RunLogCallback(TrainerCallback):
+    """Opens, feeds and closes a :class:`CreditGRPOTrainer`'s run log at TRL's training
+    events."""
+
+    def __init__(self, trainer: CreditGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._open_run_log()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        self.trainer._log_trl(logs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._close_run_log()
 
 
 # GEAR is the default estimator: the GEAR names are the same classes.

@@ -9,7 +9,9 @@ Only like is compared with like: runs that differ in a setting of :data:`COMPARA
 model, training budget, evaluation) are refused unless ``allow_mismatch`` is given, and then the
 written tables name the settings that differ. A run that did not finish (no ``summary.json``, or
 its last held-out eval before its configured last step) has no final score: it is listed as
-unfinished and left out of the statistics.
+unfinished and left out of the statistics. So is a finished run of the TRL or verl adapter that
+logged no held-out eval (their run logs hold training records only): it is listed with "no
+held-out eval", and the others are compared.
 
 Statistics are over seeds only (:func:`gear_rl.stats.t_interval`,
 :func:`gear_rl.stats.welch_test`): by default the trainer logs aggregate eval metrics, not
@@ -29,7 +31,7 @@ from typing import Any
 
 from gear_rl.dataclass_config import check_output_folder
 from gear_rl.figures import Plot, band_plot, figure_png
-from gear_rl.report.data import RunData, load_run
+from gear_rl.report.data import RunData, eval_keys, load_run
 from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
 from gear_rl.stats import WelchResult, t_interval, welch_test
 
@@ -52,11 +54,13 @@ RULE = ("A method's difference from the baseline counts as real only if Welch's 
         "Student-t intervals over seeds (mean ± t * s / sqrt(n)); with 1 seed no interval "
         "exists.")
 
-# The settings two runs must share to be compared: the task and its held-out set, the model,
-# the training budget and the evaluation. The estimator, its credit.* overrides and the seed are
+# The settings two runs must share to be compared: the engine (``engine`` in an adapter run's
+# config.yaml; unset for gear-rl's own runs), the task and its held-out set, the model, the
+# training budget and the evaluation. The estimator, its credit.* overrides and the seed are
 # what a comparison varies; the rest (threads, device, logging) does not change the scores.
-COMPARABLE = ("task", "task_options", "instruction", "eval_data", "train_size", "model", "steps",
-              "rollout.prompts_per_step", "rollout.samples_per_prompt", "rollout.max_new_tokens",
+COMPARABLE = ("engine", "task", "task_options", "instruction", "eval_data", "train_size",
+              "model", "steps", "rollout.prompts_per_step", "rollout.samples_per_prompt",
+              "rollout.max_new_tokens",
               "eval.size", "eval.k", "eval.temperature", "eval.top_p", "eval.max_new_tokens",
               "eval.seed")
 UNSET = "(unset)"  # how a setting missing from a run's config.yaml is shown
@@ -73,6 +77,9 @@ class RunResult:
         steps: the configured number of steps (None when ``config.yaml`` has none).
         unfinished_at: for a run that did not finish, the last step it logged (then ``final``
             is not a score and the run is left out of the statistics); None for a finished run.
+        engine: the engine that trained it (``run.json``; ``gear-rl`` when absent).
+        no_eval: a finished TRL or verl run without any held-out eval: it has no score and is
+            left out of the statistics like an unfinished one.
     """
 
     path: Path
@@ -88,6 +95,8 @@ class RunResult:
     model: str
     steps: int | None = None
     unfinished_at: int | None = None
+    engine: str = "gear-rl"
+    no_eval: bool = False
 
     @property
     def finished(self) -> bool:
@@ -177,9 +186,16 @@ def _metric_key(runs: list[RunData]) -> str:
     return ks.pop()
 
 
+def _scored(run: RunData) -> bool:
+    """Whether the run can have a held-out score: a gear-rl run (one without held-out eval is
+    an error, :func:`_metric_key`), or an adapter's run that logged an ``eval/mean@K``."""
+    return run.engine == "gear-rl" or bool(eval_keys(run.metrics))
+
+
 def _run_result(run: RunData, metric: str) -> RunResult:
     """The run's final held-out ``metric``, or, for a run that did not finish (no summary, or
-    its last eval before its configured last step), the step it stopped at."""
+    its last eval before its configured last step) or has no held-out eval (an adapter's run),
+    the step it stopped at."""
     steps, values = run.series(metric)
     rewards = run.series("reward_mean")
     last_step = max(rewards[0], default=0)
@@ -195,7 +211,9 @@ def _run_result(run: RunData, metric: str) -> RunResult:
                      eval_curve=(steps, values), reward_curve=rewards,
                      task=str(run.config.get("task", "?")),
                      model=str(run.config.get("model", "?")), steps=configured,
-                     unfinished_at=None if finished else max(logged, default=0))
+                     unfinished_at=None if finished else max(logged, default=0),
+                     engine=run.engine,
+                     no_eval=RunDir(run.path).finished() and not _scored(run))
 
 
 def _setting(config: dict[str, Any], key: str) -> Any:
@@ -293,7 +311,8 @@ def _fmt(value: float | None) -> str:
 
 
 def _unfinished(run: RunResult, seed: bool = False) -> str:
-    text = f"unfinished at step {run.unfinished_at}"
+    text = (f"no held-out eval ({run.engine} run, {run.last_step} steps)" if run.no_eval
+            else f"unfinished at step {run.unfinished_at}")
     return f"seed {run.seed} {text}" if seed else text
 
 
@@ -420,8 +439,8 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     mismatch = mismatched_settings(runs)
     if mismatch and not allow_mismatch:
         raise ValueError(mismatch_error(mismatch))
-    ended = [run for run in runs if RunDir(run.path).finished()]
-    metric = _metric_key(ended) if ended else ""  # no run ended: all are unfinished, below
+    ended = [run for run in runs if RunDir(run.path).finished() and _scored(run)]
+    metric = _metric_key(ended) if ended else ""  # no run ended: all are unscored, below
     results = [_run_result(run, metric) for run in runs]
     unfinished = [r for r in results if not r.finished]
     if len(unfinished) == len(results):
@@ -433,6 +452,7 @@ def compare_runs(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     for result in results:
         if not result.finished:
             why = ("no summary.json" if not RunDir(result.path).finished() else
+                   "its engine logs training records only" if result.no_eval else
                    f"last held-out eval at step {result.final_step} of {result.steps}")
             notes.append(f"{result.path}: {_unfinished(result)} ({why}); left out of the "
                          "statistics")

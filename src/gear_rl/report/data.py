@@ -56,6 +56,7 @@ class RunData:
             credit-check RUN_DIR``) as sample records with their Monte-Carlo advantage
             (``mc_advantage``), [] when the run has no credit check.
         credit_check_step: the checkpoint step the credit check was run at (None: none).
+        info: ``run.json``, the run's facts ({} when absent or unreadable).
     """
 
     path: Path
@@ -65,6 +66,13 @@ class RunData:
     summary: dict[str, Any] = field(default_factory=dict)
     credit_check: list[dict[str, Any]] = field(default_factory=list)
     credit_check_step: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def engine(self) -> str:
+        """Which engine trained the run (``run.json``'s ``engine``: ``gear-rl``, ``trl`` or
+        ``verl``; ``gear-rl`` when absent)."""
+        return str(self.info.get("engine") or "gear-rl")
 
     @property
     def estimator(self) -> str:
@@ -102,7 +110,8 @@ class RunData:
 
 
 def load_run(run_dir: str | Path) -> RunData:
-    """Read a ``gear-rl train`` run directory.
+    """Read a run directory: a ``gear-rl train`` run, or one written by the TRL or verl
+    adapter (:class:`gear_rl.runlog.EngineRunLog`, same files; ``run.json`` names the engine).
 
     Raises:
         ValueError: when ``run_dir`` is not a directory or holds neither ``metrics.jsonl`` nor
@@ -116,9 +125,13 @@ def load_run(run_dir: str | Path) -> RunData:
     for number, sample in enumerate(samples, start=1):
         _check_sample(sample, run.samples_path, number)
     checked, step = credit_check_samples(path)
+    try:
+        info = run.read_info()
+    except ValueError:  # the facts are shown, not needed: a damaged run.json hides them
+        info = {}
     return RunData(path=path, config=run.read_config(), metrics=run.read_metrics(),
                    samples=samples, summary=run.read_summary(), credit_check=checked,
-                   credit_check_step=step)
+                   credit_check_step=step, info=info)
 
 
 def credit_check_samples(run_dir: str | Path) -> tuple[list[dict[str, Any]], int | None]:

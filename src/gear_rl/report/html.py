@@ -240,7 +240,8 @@ def _credit_note(run: RunData) -> str:
 
 def _header(run: RunData) -> str:
     config = run.config
-    parts = [f"estimator <code>{html.escape(run.estimator)}</code>",
+    parts = [f'engine <code id="engine">{html.escape(run.engine)}</code>',
+             f"estimator <code>{html.escape(run.estimator)}</code>",
              f"model <code>{html.escape(str(config.get('model', '?')))}</code>",
              f"task <code>{html.escape(str(config.get('task', '?')))}</code>",
              f"seed <code>{run.seed}</code>"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from gear_rl.dataclass_config import (
     check_one_of,
     check_positive,
     check_unit_interval,
+    coerce,
     nearest,
     parse_overrides,
     read_yaml,
@@ -35,6 +37,7 @@ from gear_rl.signals import DIVERGENCE_KINDS as DIVERGENCES
 from gear_rl.signals.teacher import PLACEMENTS, TeacherPromptConfig
 from gear_rl.tasks.base import DEFAULT_TRAIN_SIZE
 from gear_rl.train.loss import KL_TYPES, LOSS_AGG_MODES
+from gear_rl.train.trackers import check_report_to
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -381,14 +384,22 @@ class LogConfig:
         samples_per_step: trajectories per step kept in ``samples.jsonl``.
         checkpoint_every: write a checkpoint every this many steps (and at the end; 0: end only).
         keep_checkpoints: most recent checkpoints kept.
-        tensorboard: write TensorBoard event files.
+        report_to: trackers the metrics go to besides ``metrics.jsonl``, by TRL's names:
+            ``tensorboard`` (``RUN_DIR/tensorboard/``), ``wandb``, ``trackio``, a list of them
+            (``log.report_to=[tensorboard,wandb]``), or ``none``; the metrics keep their
+            ``metrics.jsonl`` names, the run is named after its folder, a resumed run continues
+            its tracker runs. W&B and trackio are optional extras (``pip install
+            'gear-rl[wandb]'``) and keep their own settings (``WANDB_MODE=offline``,
+            ``TRACKIO_DIR``). Replaces ``log.tensorboard`` (``false``: ``none``).
+        project: the W&B / trackio project the run is logged to.
         progress: show a progress bar.
     """
 
     samples_per_step: int = 4
     checkpoint_every: int = 10
     keep_checkpoints: int = 1
-    tensorboard: bool = True
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    project: str = "gear-rl"
     progress: bool = True
 
     def validate(self, name: str = "log") -> None:
@@ -397,6 +408,10 @@ class LogConfig:
         check_finite(prefix, self)
         check_at_least(prefix, self, 0, "samples_per_step", "checkpoint_every")
         check_at_least(prefix, self, 1, "keep_checkpoints")
+        check_report_to(prefix + "report_to", self.report_to)
+        if not self.project.strip():
+            raise ValueError(f"{prefix}project must name the W&B / trackio project, got "
+                             f"{self.project!r}")
 
 
 @dataclass
@@ -555,7 +570,49 @@ def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None, *
     ``unique_keys`` (a config file): a key set twice in ``data`` (dotted and inside its section)
     raises."""
     config = base if base is not None else TrainConfig()
-    return update_from_dict(config, data, help_pointer=_HELP_POINTER, unique_keys=unique_keys)
+    data, tensorboard, sets_report_to = _retired_tensorboard_key(data)
+    update_from_dict(config, data, help_pointer=_HELP_POINTER, unique_keys=unique_keys)
+    if tensorboard is not None:
+        report_to = config.log.report_to
+        if sets_report_to and ("tensorboard" in report_to) != tensorboard:
+            raise ValueError(f"log.tensorboard={str(tensorboard).lower()} contradicts "
+                             f"log.report_to={report_to}: drop log.tensorboard (replaced by "
+                             "log.report_to)")
+        if not sets_report_to:  # the old switch turns TensorBoard on or off, nothing else
+            others = [name for name in report_to if name not in ("none", "tensorboard")]
+            config.log.report_to = (["tensorboard", *others] if tensorboard else others
+                                    ) or ["none"]
+    return config
+
+
+def _retired_tensorboard_key(data: Mapping[str, Any]
+                             ) -> tuple[Mapping[str, Any], bool | None, bool]:
+    """``data`` without the retired ``log.tensorboard`` switch (dotted, or inside ``log``),
+    the switch's value (None: not set) and whether ``data`` sets ``log.report_to``. A config
+    written before ``log.report_to`` (a run's ``config.yaml``, a study file) still loads and
+    resumes; the switch warns that it is deprecated."""
+    if not isinstance(data, Mapping):
+        return data, None, False  # update_from_dict says what is wrong with it
+    data = dict(data)
+    values = []
+    if "log.tensorboard" in data:
+        values.append(data.pop("log.tensorboard"))
+    section = data.get("log")
+    if isinstance(section, Mapping) and "tensorboard" in section:
+        section = dict(section)
+        values.append(section.pop("tensorboard"))
+        data["log"] = section
+    sets_report_to = "log.report_to" in data or (isinstance(section, Mapping)
+                                                 and "report_to" in section)
+    if not values:
+        return data, None, sets_report_to
+    flags = {coerce("log.tensorboard", value, bool) for value in values}
+    if len(flags) > 1:
+        raise ValueError("config key 'log.tensorboard' is set twice, to true and to false")
+    warnings.warn("log.tensorboard is deprecated: use log.report_to (tensorboard, wandb, "
+                  "trackio, a list of them, or none); log.tensorboard=false reads as "
+                  "log.report_to=none", FutureWarning, stacklevel=1)
+    return data, flags.pop(), sets_report_to
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:

@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from gear_rl.credit import Estimator, credit_diagnostics, gear_segments
-from gear_rl.credit.diagnostics import reference_outcome, token_weights
+from gear_rl.credit import Estimator, credit_diagnostics
+from gear_rl.rundir import TENSORBOARD, WANDB
+from gear_rl.runlog import rollout_metrics
+from gear_rl.runlog import sample_records as shared_sample_records
 from gear_rl.train.scoring import Scores, StepBatch
 
 __all__ = ["batch_metrics", "format_summary", "is_measurement", "sample_records", "summarize"]
@@ -24,21 +27,15 @@ __all__ = ["batch_metrics", "format_summary", "is_measurement", "sample_records"
 def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
                   estimator: Estimator, credit_config: Any,
                   samples_per_prompt: int) -> dict[str, float]:
-    """Rollout and credit health numbers of one batch (``advantages``: ``[B, T]``)."""
+    """Rollout and credit health numbers of one batch (``advantages``: ``[B, T]``): the
+    engines' shared :func:`gear_rl.runlog.rollout_metrics` plus ``accuracy``, ``truncated``,
+    ``ref_kl``, the credit diagnostics and the rollout's agent statistics."""
     rewards, mask = batch.rewards, scores.mask
     old_logprobs, entropy = scores.student()
     tokens = mask.sum().clamp(min=1.0)
-    groups = rewards.view(-1, samples_per_prompt)
-    lengths = torch.tensor([len(r) for r in batch.response_ids], dtype=torch.float32)
-    out = {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-        "accuracy": float((rewards >= 1.0).float().mean()),
-        "groups_mixed": float((groups.max(1).values > groups.min(1).values).float().mean()),
-        "response_len": float(lengths.mean()),
-        "truncated": 1.0 - sum(batch.finished) / len(batch.finished),
-        "entropy_mean": float((entropy * mask).sum() / tokens),
-    }
+    out = rollout_metrics(rewards, batch.group_ids, mask, batch.response_ids, entropy)
+    out["accuracy"] = float((rewards >= 1.0).float().mean())
+    out["truncated"] = 1.0 - sum(batch.finished) / len(batch.finished)
     if scores.ref_logprobs is not None:
         out["ref_kl"] = float(((old_logprobs - scores.ref_logprobs) * mask).sum()
                               / tokens)
@@ -52,62 +49,32 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
                    estimator: Estimator, credit_config: Any, tokenizer: Any, task: Any,
                    count: int, samples_per_prompt: int) -> list[dict[str, Any]]:
     """Up to ``count`` trajectories with their per-token signals (for the report's token
-    viewer): alternately the best and worst rewarded rows of mixed groups first."""
-    if count == 0:
-        return []
-    k = samples_per_prompt
-    chosen: list[int] = []
-    for group in range(len(batch.response_ids) // k):
-        rows = list(range(group * k, (group + 1) * k))
-        rewards = batch.rewards[rows]
-        if float(rewards.max()) > float(rewards.min()):
-            chosen += [rows[int(rewards.argmax())], rows[int(rewards.argmin())]]
-    chosen += [i for i in range(len(batch.response_ids)) if i not in chosen]
-    credit_batch = scores.credit_batch(batch)
-    scalar = reference_outcome(credit_batch, credit_config).float()
-    weights = (token_weights(scalar, advantages, scores.mask) if estimator.uses_reward
-               else None)
-    segments = None
-    if estimator.segments and scores.divergence is not None:
-        segments = gear_segments(scores.divergence, scores.student()[1], scores.mask,
-                                 credit_config)
-    out = []
-    for row in chosen[:count]:
-        length = len(batch.response_ids[row])
-        record: dict[str, Any] = {
-            "step": step, "row": row, "group": batch.group_ids[row],
+    viewer): alternately the best and worst rewarded rows of mixed groups first. The records
+    are :func:`gear_rl.runlog.sample_records`' (the TRL and verl adapters write the same),
+    with the trainer's problem fields (``problem_id``, ``prompt``, ``answer``, ``response``,
+    ``extracted``, ``finished``; multi-turn: ``turn_ids``, ``transcript``).
+    ``samples_per_prompt`` is kept for callers; the groups are ``batch.group_ids``."""
+
+    def problem_fields(row: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
             "problem_id": batch.problems[row].id,
             "prompt": tokenizer.decode(batch.prompt_ids[row]),
             "answer": batch.problems[row].answer, "response": batch.texts[row],
-            "extracted": task.extract(batch.texts[row]),
-            "reward": float(batch.rewards[row]), "advantage": float(scalar[row]),
-            "finished": batch.finished[row],
-            "tokens": [tokenizer.decode([t]) for t in batch.response_ids[row]],
-            "token_ids": batch.response_ids[row],
+            "extracted": task.extract(batch.texts[row]), "finished": batch.finished[row],
         }
         if batch.turn_ids is not None:
             # multi-turn: mask 0 marks observation tokens; the transcript shows them
-            record["turn_ids"] = batch.turn_ids[row]
-            record["transcript"] = tokenizer.decode(batch.response_ids[row],
+            fields["turn_ids"] = batch.turn_ids[row]
+            fields["transcript"] = tokenizer.decode(batch.response_ids[row],
                                                     skip_special_tokens=False)
+        return fields
 
-        def values(tensor: torch.Tensor | None, row: int = row, length: int = length):
-            return (None if tensor is None
-                    else [round(float(v), 5) for v in tensor[row, :length]])
-
-        # a row the teacher skipped (signals.teacher_rows) has no teacher signals to show
-        taught = scores.teacher_rows is None or bool(scores.teacher_rows[row])
-        record["mask"] = [int(v) for v in scores.mask[row, :length]]
-        record["entropy"] = values(scores.entropy)
-        record["divergence"] = values(scores.divergence if taught else None)
-        record["student_logprobs"] = values(scores.old_logprobs)
-        record["teacher_logprobs"] = values(scores.teacher_logprobs if taught else None)
-        record["token_advantage"] = values(advantages)
-        record["weight"] = values(weights)
-        record["segment_onset"] = (None if segments is None or not taught
-                                   else [int(v) for v in segments[row, :length]])
-        out.append(record)
-    return out
+    if count == 0:
+        return []
+    return shared_sample_records(
+        step, scores.credit_batch(batch), advantages, batch.response_ids, estimator=estimator,
+        credit_config=credit_config, decode=tokenizer.decode, count=count,
+        teacher_rows=scores.teacher_rows, row_fields=problem_fields)
 
 
 def is_measurement(key: str) -> bool:
@@ -119,7 +86,7 @@ def is_measurement(key: str) -> bool:
 
 def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator: str,
               model: str, task: str, seconds: float,
-              tensorboard: bool = False) -> dict[str, Any]:
+              trackers: Sequence[str] = ()) -> dict[str, Any]:
     """Start/end held-out accuracy, reward trend and timings from the run's metric records."""
     key = f"eval/mean@{k}"
     evals = [(r["step"], r[key], r[f"eval/pass@{k}"]) for r in history if key in r]
@@ -132,7 +99,7 @@ def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator:
 
     out: dict[str, Any] = {
         "run_dir": run_dir, "estimator": estimator, "model": model, "task": task,
-        "tensorboard": tensorboard,
+        "trackers": list(trackers),
         "steps": len(steps), "seconds_this_session": round(seconds, 1),
         "step_seconds_mean": mean(steps, "time/step"),
         "reward_first5": mean(head, "reward_mean"), "reward_last5": mean(tail, "reward_mean"),
@@ -164,6 +131,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"held-out   {metric:<8} {start:.3f}  ->  {end:.3f}  ({end - start:+.3f})")
     if summary.get("peak_rss_gb") is not None:
         lines.append(f"memory     peak resident {summary['peak_rss_gb']:.2f} GB")
-    lines += [f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, checkpoints/"
-              f"{', tensorboard/' if summary.get('tensorboard') else ''})", "=" * 64]
+    trackers = summary.get("trackers", [])
+    # the trackers with a folder in the run directory (trackio keeps its own store, and
+    # trackio.init prints the command that opens its dashboard)
+    folders = "".join(f", {name}/" for name in trackers if name in (TENSORBOARD, WANDB))
+    lines.append(f"run dir    {summary['run_dir']}  (metrics.jsonl, samples.jsonl, "
+                 f"checkpoints/{folders})")
+    lines.append("=" * 64)
     return "\n".join(lines)

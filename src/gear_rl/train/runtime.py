@@ -507,7 +507,8 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
         resolved = config_to_dict(config)
         resolved["out"] = str(run.path)
         run.create(resolved, {
-            "run_id": uuid.uuid4().hex, "data": data_fingerprint(config, runtime.task),
+            "engine": "gear-rl", "run_id": uuid.uuid4().hex,
+            "data": data_fingerprint(config, runtime.task),
             "task": runtime.task.name, "train_problems": len(runtime.task.train),
             "eval_problems": len(runtime.task.eval), "device": str(runtime.device),
             "cpu": cpu_model(), "autocast_bf16": runtime.autocast,

@@ -78,6 +78,13 @@ from gear_rl.train.scoring import (
     prompt_pair,
     teacher_config,
 )
+from gear_rl.train.trackers import (
+    TrackedRun,
+    Tracker,
+    finish_trackers,
+    start_trackers,
+    tracker_metrics,
+)
 from gear_rl.train.update import (
     Credit,
     NonFiniteTrainingError,
@@ -170,12 +177,8 @@ class Trainer:
             autocast=runtime.autocast_context, last_checkpoint=self.run.latest_checkpoint)
         self.memory = MemoryPolicy(runtime)
         self.run_dir = self.run.path
-        self.writer = None
-        if config.log.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.start_step + 1)
         self.history: list[dict[str, Any]] = self.run.read_metrics()
+        self.trackers: list[Tracker] = self._start_trackers()
 
     @property
     def sampler(self) -> torch.nn.Module:
@@ -209,12 +212,30 @@ class Trainer:
                           "turn_reward_tool and turn_reward_answer are 0): every turn reward "
                           f"is 0, and {name!r} gives the outcome advantage alone", stacklevel=2)
 
-    def close(self) -> None:
-        """Stop the sandbox workers (if any), flush TensorBoard, release the run directory."""
+    def _start_trackers(self) -> list[Tracker]:
+        """``log.report_to``'s trackers, started on this run
+        (:func:`~gear_rl.train.trackers.start_trackers`). One that cannot start stops the
+        trainer before step 1: a new run's folder is removed (nothing was trained into it), a
+        resumed run is left as it was."""
+        config = self.config
+        tracked = TrackedRun(self.run, self.run.read_info().get("run_id"), config.log.project,
+                             self.run.read_config(), self.start_step, bool(config.resume))
+        try:
+            return start_trackers(config.log.report_to, tracked)
+        except BaseException:
+            self.runtime.close()
+            if config.resume:
+                self.run.unlock()
+            else:
+                self.run.discard_new()
+            raise
+
+    def close(self, *, failed: bool = False) -> None:
+        """Stop the sandbox workers (if any), finish the trackers (``failed``: the run stopped
+        on an error), release the run directory."""
         self.runtime.close()
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        finish_trackers(getattr(self, "trackers", []), failed=failed)
+        self.trackers = []
         if getattr(self, "run", None) is not None:
             self.run.unlock()
 
@@ -387,11 +408,15 @@ class Trainer:
 
     def train(self) -> dict[str, Any]:
         """Run (or continue) the configured number of steps; returns the end summary. The
-        sandbox and TensorBoard writer are closed at the end, also when a step fails."""
+        sandbox and the trackers are closed at the end, also when a step fails (or the run is
+        interrupted): what was logged is flushed, and W&B marks the run failed."""
+        failed = True
         try:
-            return self._train()
+            summary = self._train()
+            failed = False
+            return summary
         finally:
-            self.close()
+            self.close(failed=failed)
 
     def _train(self) -> dict[str, Any]:
         config = self.config
@@ -426,18 +451,16 @@ class Trainer:
         summary = summarize(self.history, k=k, run_dir=str(self.run.path),
                             estimator=config.estimator, model=config.model, task=self.task.name,
                             seconds=time.perf_counter() - started,
-                            tensorboard=config.log.tensorboard)
+                            trackers=[tracker.name for tracker in self.trackers])
         self.run.write_summary(summary)
         return summary
 
     def _log(self, record: dict[str, Any]) -> None:
         self.run.append_metrics(record)
         self.history.append(record)
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(key.replace("@", "_at_"), value, record["step"])
-            self.writer.flush()
+        metrics = tracker_metrics(record)
+        for tracker in self.trackers:
+            tracker.log(metrics, record["step"])
 
 
 def _progress_postfix(record: dict[str, Any], k: int) -> dict[str, str]:

@@ -44,6 +44,7 @@ from gear_rl.credit import (
     get_estimator,
     load_plugins,
 )
+from gear_rl.runlog import DEFAULT_LOG_SAMPLES, check_run_log_settings
 from gear_rl.signals.divergence import SAMPLED_TOKEN_ESTIMATORS, sampled_token_divergence
 from gear_rl.signals.teacher import REFERENCE_KINDS, TeacherPromptConfig
 
@@ -133,6 +134,12 @@ class VerlGEARSettings:
             read and what verl wrote back (``step-<N>.pt``: rewards, uids, response mask,
             entropy, old and teacher log-probs, advantages), to check or debug the credit
             offline; ``None`` (default) writes nothing.
+        log_samples_per_step: trajectories per step the ``gear`` trainer mode keeps in its
+            gear-rl run log's ``samples.jsonl`` (``gear-rl report``'s token-credit viewer, with
+            ``metrics.jsonl``, ``config.yaml`` and ``run.json``; :mod:`gear_rl.runlog`); 0
+            writes no run log at all.
+        run_log_dir: the run log's folder; ``None`` (default): ``trainer.default_local_dir``, the
+            folder of the experiment's checkpoints.
     """
 
     estimator: Estimator
@@ -143,6 +150,8 @@ class VerlGEARSettings:
     plugins: tuple[str, ...] = ()
     teacher_prompt: TeacherPromptConfig = field(default_factory=TeacherPromptConfig)
     dump_dir: str | None = None
+    log_samples_per_step: int = DEFAULT_LOG_SAMPLES
+    run_log_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.divergence not in SAMPLED_TOKEN_ESTIMATORS:
@@ -159,6 +168,7 @@ class VerlGEARSettings:
         if self.dump_dir is not None and (not isinstance(self.dump_dir, str) or not self.dump_dir):
             raise ValueError(f"algorithm.gear.dump_dir must be a directory path or null, "
                              f"got {self.dump_dir!r}")
+        check_run_log_settings("algorithm.gear.", self.log_samples_per_step, self.run_log_dir)
         if self.reference_kind not in REFERENCE_KINDS:
             raise ValueError(
                 f"algorithm.gear.reference_kind must be one of {REFERENCE_KINDS}, "

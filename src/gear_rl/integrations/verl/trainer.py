@@ -18,6 +18,18 @@ things, and nothing else changes:
    inside :func:`~gear_rl.integrations.verl.estimators.provide_signals`, where the registered
    gear-rl estimator reads them. KL-in-reward, rollout correction and the write-back stay verl's.
 
+3. **Run log** (``algorithm.gear.log_samples_per_step``, default 4; 0 turns it off): a
+   gear-rl run directory (``algorithm.gear.run_log_dir``, default ``trainer.default_local_dir``)
+   that ``gear-rl report`` and ``gear-rl compare`` read like a ``gear-rl train`` run
+   (:class:`gear_rl.runlog.EngineRunLog`): ``config.yaml`` (estimator, credit, seed, model,
+   budget; verl's whole config under ``verl``), ``run.json`` with ``engine: verl``, per step the
+   ``log_samples_per_step`` trajectories (best and worst of mixed groups first) with their tokens,
+   policy mask, entropy, divergence, log-probs, segment onsets, weights and the advantages verl
+   wrote back, through the trainer's own record builder (:func:`gear_rl.runlog.sample_records`),
+   and one ``metrics.jsonl`` line with :func:`~gear_rl.runlog.rollout_metrics`, the credit
+   diagnostics under the trainer's names, ``time/step`` and every number verl logs that step;
+   ``summary.json`` after the last step. A resumed job drops the records after its checkpoint.
+
 ``gear`` is verl's ``sync`` loop, ``gear_colocate_async`` its ``colocate_async`` loop. verl's base
 class compares ``trainer_mode`` with the literal ``"sync"`` in several places (which replay buffer,
 checkpointing, refills), so these classes report their base loop's name as ``trainer_mode``; the
@@ -28,14 +40,17 @@ that window.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import json
 import logging
+import uuid
 from pathlib import Path
 from typing import Any, ClassVar, cast
 
 import torch
 import transfer_queue as tq
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync, register_trainer
@@ -45,6 +60,7 @@ from verl.utils.tokenizer.chat_template import apply_chat_template
 from verl.utils.tokenizer.tokenizer import normalize_token_ids
 from verl.workers.utils.padding import response_from_nested
 
+from gear_rl.credit import CreditBatch
 from gear_rl.integrations.teacher_inputs import (
     APPENDED,
     NO_REFERENCE,
@@ -65,6 +81,7 @@ from gear_rl.integrations.verl.estimators import (
     signals_from_logprobs,
 )
 from gear_rl.rundir import atomic_write_bytes
+from gear_rl.runlog import EngineRunLog, engine_metrics, rollout_metrics, sample_records
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +96,16 @@ class GEARTrainerMixin:
     base_trainer_mode: ClassVar[str] = "sync"
     gear_trainer_mode: str
     gear_settings: VerlGEARSettings | None
+    # the run log (open from the first logged step to the last) and the step's records, kept
+    # from the advantage step until verl's metrics of the step are complete
+    gear_run_log: EngineRunLog | None = None
+    _gear_pending: tuple[dict[str, float], list[dict[str, Any]]] | None = None
     # set by verl's PPOTrainer, the class this mixin is combined with
     config: Any
     tokenizer: Any
     actor_rollout_wg: Any
+    global_steps: int
+    total_training_steps: int
 
     # verl's PPOTrainer.__init__ assigns config.trainer.v1.trainer_mode here ("gear"); the base
     # class's logic keys on its own loop's name, so that is what it reads back.
@@ -102,6 +125,7 @@ class GEARTrainerMixin:
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         settings = self.gear_settings
         signals = None
+        rows = batch  # the step's rows (verl hands back the meta of its write-back)
         if settings is None or not settings.estimator.needs:
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         else:
@@ -115,7 +139,119 @@ class GEARTrainerMixin:
             metrics.update(signals.metrics)
         if settings is not None and settings.dump_dir is not None:
             self._dump_gear_step(batch, signals, settings.dump_dir)
+        if settings is not None and settings.log_samples_per_step > 0:
+            self._gear_pending = self._gear_step_records(rows, signals, settings)
         return batch
+
+    # ------------------------------------------------------------------ run log
+    def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict,
+                         global_steps: int, epoch: int) -> Any:
+        """verl's step metrics, then the step's run-log line and samples (once the metrics
+        are complete: timings, throughput, validation)."""
+        result = super()._compute_metrics(  # type: ignore[misc]
+            batch, metrics, timing_raw, global_steps=global_steps, epoch=epoch)
+        pending, self._gear_pending = self._gear_pending, None
+        settings = self.gear_settings
+        if pending is None or settings is None:
+            return result
+        own, samples = pending
+        if self.gear_run_log is None:
+            self.gear_run_log = EngineRunLog(
+                Path(settings.run_log_dir or self.config.trainer.default_local_dir).resolve(),
+                engine="verl", config=self._gear_run_config(settings), first_step=global_steps,
+                info={"run_id": uuid.uuid4().hex, "verl": _version("verl"),
+                      "torch": torch.__version__, "trainer_mode": self.gear_trainer_mode})
+        values = {**own, **engine_metrics(metrics)}
+        if "step" in timing_raw:
+            values["time/step"] = float(timing_raw["step"])
+        self.gear_run_log.log_step(global_steps, values, samples)
+        if global_steps >= self.total_training_steps:
+            self.gear_run_log.finish({"estimator": settings.estimator.name,
+                                      "steps": global_steps})
+            self.gear_run_log = None
+        return result
+
+    def _gear_step_records(self, batch: KVBatchMeta, signals: VerlSignals | None,
+                           settings: VerlGEARSettings
+                           ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """The step's rollout metrics and ``samples.jsonl`` records (padding rows left out):
+        rewards are the rows' scores (``rm_scores``), the credit is the ``[B, T]`` advantages
+        verl wrote back, the outcome ``A`` the estimator's on the rewards it was given."""
+        kl_in_reward = bool(self.config.algorithm.get("use_kl_in_reward", False))
+        fields = ["uid", "prompts", "responses", "response_mask", "rm_scores", "advantages"]
+        if kl_in_reward:
+            fields.append("token_level_rewards")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=fields)
+        prompts, responses = _id_rows(data["prompts"]), _id_rows(data["responses"])
+        padded = data.to_padded_tensor()
+        keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+        rows = torch.tensor(keep, dtype=torch.long)
+        scores = padded["rm_scores"].float().sum(-1).cpu()
+        credited = (padded["token_level_rewards"].float().sum(-1).cpu() if kl_in_reward
+                    else scores)
+        uids = [str(u) for u in padded["uid"].tolist()]
+        first: dict[str, int] = {}
+        groups = [first.setdefault(u, len(first)) for u in uids]
+        signal_fields = {} if signals is None else {
+            name: getattr(signals, name).float().cpu()[rows]
+            for name in ("entropy", "divergence", "student_logprobs", "teacher_logprobs")
+            if getattr(signals, name) is not None}
+        credit_batch = CreditBatch(rewards=credited[rows], group_ids=[groups[i] for i in keep],
+                                   mask=padded["response_mask"].float().cpu()[rows],
+                                   **signal_fields)
+        rewards = scores[rows]
+        kept_responses = [responses[i] for i in keep]
+        root = settings.reference_key.split(".")[0]
+        try:
+            references = _references(
+                tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                select_fields=[root]),
+                root, settings.reference_key, len(batch))
+        except (KeyError, ValueError):  # a data set without references: the records show none
+            references = [None] * len(batch)
+        decode = self.tokenizer.decode
+
+        def row_fields(row: int) -> dict[str, Any]:
+            i = keep[row]
+            return {"problem_id": uids[i], "prompt": decode(prompts[i]),
+                    "answer": references[i],
+                    "response": decode(responses[i], skip_special_tokens=True)}
+
+        step = int(getattr(self, "global_steps", 0))
+        records = sample_records(
+            step, credit_batch, padded["advantages"].float().cpu()[rows], kept_responses,
+            estimator=settings.estimator, credit_config=settings.config, decode=decode,
+            count=settings.log_samples_per_step, rewards=rewards, row_fields=row_fields)
+        return (rollout_metrics(rewards, credit_batch.group_ids, credit_batch.mask,
+                                kept_responses, credit_batch.entropy), records)
+
+    def _gear_run_config(self, settings: VerlGEARSettings) -> dict[str, Any]:
+        """``config.yaml`` of the run log: the keys ``gear-rl report``/``compare`` read, in the
+        trainer's names (``credit``: the estimator's settings that differ from its defaults),
+        and verl's whole config under ``verl``."""
+        config = self.config
+        defaults = settings.estimator.make_config()
+        credit = {f.name: getattr(settings.config, f.name)
+                  for f in dataclasses.fields(settings.config)
+                  if getattr(settings.config, f.name) != getattr(defaults, f.name)}
+        try:
+            whole = OmegaConf.to_container(config, resolve=True)
+        except Exception:  # an interpolation that resolves only inside a worker
+            whole = OmegaConf.to_container(config, resolve=False)
+        rollout = config.actor_rollout_ref.rollout
+        train_files = config.data.get("train_files")
+        if isinstance(train_files, (DictConfig, ListConfig)):
+            train_files = OmegaConf.to_container(train_files)
+        return json.loads(json.dumps({
+            "estimator": settings.estimator.name, "credit": credit,
+            "seed": config.data.get("seed"), "model": str(config.actor_rollout_ref.model.path),
+            "task": train_files, "steps": int(self.total_training_steps),
+            "rollout": {"prompts_per_step": config.data.train_batch_size,
+                        "samples_per_prompt": rollout.n,
+                        "max_new_tokens": config.data.max_response_length,
+                        "temperature": rollout.temperature},
+            "verl": whole}, default=str))
 
     def _dump_gear_step(self, batch: KVBatchMeta, signals: VerlSignals | None,
                         dump_dir: str) -> None:
@@ -259,6 +395,15 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                 "which verl's old-log-prob pass skips in algorithm.rollout_correction.bypass_mode"
             )
     return settings
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 def _id_rows(values: torch.Tensor) -> list[list[int]]:
