@@ -93,7 +93,9 @@ def _trl_trainer(out: Path, *, steps: int = 2, **config):
         per_device_train_batch_size=2 * NUM_GENERATIONS, num_generations=NUM_GENERATIONS,
         max_completion_length=6, max_steps=steps, logging_steps=1, learning_rate=1e-2, seed=0,
         beta=0.0, temperature=1.0, **config)
-    return CreditGRPOTrainer(model=tiny_random_model("llama", seed=1), reward_funcs=_reward,
+    # initializer_range 0.3: peaked predictions, so that what a token is scored with matters
+    model = tiny_random_model("llama", seed=1, initializer_range=0.3)
+    return CreditGRPOTrainer(model=model, reward_funcs=_reward,
                              args=args, train_dataset=datasets.Dataset.from_list(rows),
                              processing_class=build_tiny_tokenizer())
 
@@ -148,6 +150,13 @@ def test_trl_run_log_holds_the_credit_the_loss_used(trl_run) -> None:
                 "divergence_mean", "segment_frac"} <= set(record)
     assert {"trl/loss", "trl/reward", "trl/gear/adv_abs_mean"} <= {
         key for r in run.metrics for key in r}
+    # the signal pass saw each response with its prompt: its entropy is the one TRL's own
+    # forward measured (TRL trains with gradient checkpointing on by default, which drops the
+    # shared prompts' KV cache: tests/test_signals.py, ..._drops_the_prompt_cache_...)
+    assert run.config["trl"]["gradient_checkpointing"] is True
+    trl_entropy = {r["step"]: r["trl/entropy"] for r in run.metrics if "trl/entropy" in r}
+    for record in by_step:
+        assert record["entropy_mean"] == pytest.approx(trl_entropy[record["step"]], rel=1e-3)
 
 
 def test_gear_rl_report_shows_a_trl_runs_token_credit(trl_run, tmp_path) -> None:

@@ -557,6 +557,33 @@ def test_response_logprobs_shared_matches_naive(arch):
                                        rtol=RTOL)
 
 
+def test_a_model_that_drops_the_prompt_cache_is_scored_without_sharing(monkeypatch):
+    """Hugging Face's gradient checkpointing, in train mode, drops every KV cache (TRL turns it
+    on by default): the shared-prompt pass must then score each row in full, not score the
+    response tokens without their prompt."""
+    model = _model("llama")
+    prompts, teachers, responses, mask = _shared_batch(301, seed=37)
+    want = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                         temperature=0.7, share_prompts=False)
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()  # its dropout is 0: train mode changes nothing else
+    got = token_signals(model, prompts, teachers, responses, response_mask=mask,
+                        temperature=0.7, share_prompts=True)
+    logprobs = response_logprobs(model, prompts, responses, temperature=0.7,
+                                 response_mask=mask, share_prompts=True)
+    for field in ("student_logprobs", "teacher_logprobs", "entropy", "divergence"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=ATOL,
+                                   rtol=RTOL, msg=lambda m, f=field: f"{f}: {m}")
+    torch.testing.assert_close(logprobs.logprobs, want.student_logprobs, atol=ATOL, rtol=RTOL)
+    # a model that drops the cache unannounced is refused, never scored without its prompts
+    from gear_rl.signals import divergence
+
+    monkeypatch.setattr(divergence, "_drops_caches", lambda backbone: False)
+    with pytest.raises(ValueError, match="did not fill the shared prompts' KV cache"):
+        response_logprobs(model, prompts, responses, response_mask=mask, share_prompts=True)
+
+
 # ------------------------------------------------------------- k1 / k3 from the sampled token
 def _two_token_head() -> torch.nn.Linear:
     """An LM head over a 1-d hidden state with logits ``(h, -h)``: ``log p(token 0) =

@@ -603,9 +603,18 @@ def _predicting_hidden(backbone: nn.Module, prompts: list[list[int]],
     ``checkpoint_layers``, every decoder layer runs checkpointed (:func:`_checkpointed_layers`).
     """
     with _checkpointed_layers(backbone, checkpoint_layers):
-        if share_prompts:
+        if share_prompts and not _drops_caches(backbone):
             return _shared_prompt_hidden(backbone, prompts, responses, rows, checkpoint_layers)
         return _full_pass_hidden(backbone, prompts, responses, rows)
+
+
+def _drops_caches(backbone: nn.Module) -> bool:
+    """True where Hugging Face's own gradient checkpointing is on and the model trains: its
+    layers then drop any KV cache (``past_key_values=None``), so a shared prompt's cache would
+    come back empty and the responses would be scored without their prompt. TRL turns it on by
+    default (``GRPOConfig.gradient_checkpointing``); such a pass scores each row in full."""
+    return backbone.training and any(getattr(module, "gradient_checkpointing", False) is True
+                                     for module in backbone.modules())
 
 
 def _full_pass_hidden(backbone: nn.Module, prompts: list[list[int]],
@@ -662,6 +671,12 @@ def _shared_prompt_hidden(backbone: nn.Module, prompts: list[list[int]],
             position_ids=torch.arange(longest, device=device).expand(len(bucket), -1),
             past_key_values=cache, use_cache=True,
         ).last_hidden_state  # [G, P, H]
+        if cache.get_seq_length() != longest:  # never score responses without their prompt
+            raise ValueError(
+                f"{type(backbone).__name__} did not fill the shared prompts' KV cache (it "
+                f"holds {cache.get_seq_length()} of {longest} positions), so responses would "
+                "be scored without their prompt; set share_prompts=False "
+                "(loss.share_prompts=false) for this model")
         which = torch.tensor([local[prompt_of[b]] for b in members], device=device)  # [M]
         own = torch.tensor([len(prompts[b]) for b in members], device=device)  # [M]: P_b
         ends = torch.tensor([len(prompt) - 1 for prompt in bucket], device=device)  # [G]
