@@ -45,6 +45,18 @@ def test_engine_metrics_keeps_finite_numbers_and_names_diagnostics_bare() -> Non
     assert "segment_frac" not in engine_metrics({"gear/segment_frac": 0.5}, prefix=None)
 
 
+def test_verl_validation_reads_as_the_held_out_mean() -> None:
+    from gear_rl.runlog import verl_held_out
+
+    one = {"val-core/openai/gsm8k/acc/mean@4": 0.25, "val-aux/openai/gsm8k/acc/std@4": 0.1,
+           "val-core/openai/gsm8k/acc/best@4/mean": 0.5, "critic/score/mean": 0.3}
+    assert verl_held_out(one) == {"eval/mean@4": 0.25}
+    assert verl_held_out({"val-core/a/reward/mean@2": 1.0}) == {"eval/mean@2": 1.0}
+    two = {"val-core/a/acc/mean@4": 0.25, "val-core/b/acc/mean@4": 0.75}
+    assert verl_held_out(two) == {} and verl_held_out({"critic/score/mean": 0.3}) == {}
+    assert verl_held_out({"val-core/a/acc/mean@4": float("nan")}) == {}
+
+
 def test_engine_run_log_starts_fresh_and_continues_after_a_checkpoint(tmp_path) -> None:
     path = tmp_path / "run"
     log = EngineRunLog(path, engine="verl", config={"estimator": "gear"}, info={"x": 1})

@@ -101,6 +101,20 @@ def test_a_plugin_estimator_selects_the_gear_mode(tmp_path, monkeypatch) -> None
         sys.modules.pop("trainer_credit_plugin", None)
 
 
+def test_verls_own_validation_metrics_give_the_run_logs_held_out_mean() -> None:
+    """The keys verl's validation writes (its own ``_val_metrics_update``, 2 problems x 4
+    samples of one data source) give ``eval/mean@4``, the mean of the scores."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from gear_rl.runlog import verl_held_out
+
+    scores = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    metrics = PPOTrainer._val_metrics_update(
+        None, ["products"] * 8, ["p0"] * 4 + ["p1"] * 4,  # type: ignore[arg-type]
+        {"reward": scores, "acc": scores}, [])
+    assert verl_held_out(metrics) == {"eval/mean@4": pytest.approx(0.5)}
+
+
 def test_bad_gear_settings_fail_before_any_worker_starts() -> None:
     with pytest.raises(ValueError, match="unknown key"):
         gear_trainer.GEARTrainerSync(_config("+algorithm.gear.lamda_kl=0.2"))

@@ -9,7 +9,8 @@ records whichever engine trained.
 - :func:`rollout_metrics`: the step's rollout health numbers under the trainer's names
   (``reward_mean``, ``reward_std``, ``groups_mixed``, ``response_len``, ``entropy_mean``).
 - :func:`engine_metrics`: an engine's numeric metrics for ``metrics.jsonl``, its
-  ``gear/<diagnostic>`` credit diagnostics also under the trainer's bare names.
+  ``gear/<diagnostic>`` credit diagnostics also under the trainer's bare names;
+  :func:`verl_held_out`: verl's validation score as the trainer's ``eval/mean@N``.
 - :class:`EngineRunLog`: the run directory an adapter writes (``config.yaml``, ``run.json``
   with its ``engine``, ``metrics.jsonl``, ``samples.jsonl``, ``summary.json``), through
   :class:`gear_rl.rundir.RunDir`.
@@ -21,6 +22,7 @@ response; ``mask`` is 1 on the policy's own tokens (docs/design.md §2).
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -42,6 +44,7 @@ __all__ = [
     "pick_rows",
     "rollout_metrics",
     "sample_records",
+    "verl_held_out",
 ]
 
 DEFAULT_LOG_SAMPLES = 4
@@ -212,6 +215,26 @@ def engine_metrics(metrics: Mapping[str, Any], prefix: str | None = "gear/"
         if f"{prefix}{name}" in out:
             out[name] = out[f"{prefix}{name}"]
     return out
+
+
+_VERL_MEAN = re.compile(r"val-core/(?P<source>.+)/(?P<var>[^/]+)/mean@(?P<n>\d+)")
+
+
+def verl_held_out(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """verl's held-out accuracy under the trainer's name: ``val-core/<data_source>/<var>/mean@N``
+    (verl's mean score over the ``N`` validation samples of each problem, its ``acc`` where the
+    reward gives one, else its ``reward``) as ``eval/mean@N``, which ``gear-rl compare`` scores
+    runs by. Only where one data source was validated (several: nothing, since one number
+    would weigh them by their sizes)."""
+    found = {}
+    for key, value in metrics.items():
+        match = _VERL_MEAN.fullmatch(str(key))
+        if match is not None:
+            found[match["source"]] = (f"eval/mean@{match['n']}", value)
+    if len(found) != 1:
+        return {}
+    name, value = next(iter(found.values()))
+    return engine_metrics({name: value}, prefix=None)
 
 
 def check_run_log_settings(prefix: str, log_samples_per_step: Any, run_log_dir: Any) -> None:

@@ -81,7 +81,13 @@ from gear_rl.integrations.verl.estimators import (
     signals_from_logprobs,
 )
 from gear_rl.rundir import atomic_write_bytes
-from gear_rl.runlog import EngineRunLog, engine_metrics, rollout_metrics, sample_records
+from gear_rl.runlog import (
+    EngineRunLog,
+    engine_metrics,
+    rollout_metrics,
+    sample_records,
+    verl_held_out,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +167,7 @@ class GEARTrainerMixin:
                 engine="verl", config=self._gear_run_config(settings), first_step=global_steps,
                 info={"run_id": uuid.uuid4().hex, "verl": _version("verl"),
                       "torch": torch.__version__, "trainer_mode": self.gear_trainer_mode})
-        values = {**own, **engine_metrics(metrics)}
+        values = {**own, **engine_metrics(metrics), **verl_held_out(metrics)}
         if "step" in timing_raw:
             values["time/step"] = float(timing_raw["step"])
         self.gear_run_log.log_step(global_steps, values, samples)
