@@ -14,8 +14,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["ANSWER_RULES", "extract_answer", "first_number", "last_boxed", "last_number",
-           "normalize_number"]
+__all__ = ["ANSWER_RULES", "extract_answer", "first_number", "first_number_span", "last_boxed",
+           "last_number", "normalize_number"]
 
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _ANSWER_LINE = re.compile(r"(?im)^\W*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
@@ -54,10 +54,17 @@ def last_number(text: str) -> str | None:
     return normalize_number(matches[-1]) if matches else None
 
 
-def first_number(text: str) -> str | None:
-    """The first number in ``text`` (as :func:`last_number` reads numbers), normalised."""
+def first_number_span(text: str) -> tuple[int, int] | None:
+    """Character offsets ``(start, end)`` of the first number in ``text`` (as
+    :func:`last_number` reads numbers), or None."""
     match = _NUMBER.search(text)
-    return normalize_number(match.group()) if match else None
+    return match.span() if match else None
+
+
+def first_number(text: str) -> str | None:
+    """The first number in ``text``, normalised (None: there is none)."""
+    span = first_number_span(text)
+    return normalize_number(text[span[0]:span[1]]) if span else None
 
 
 def extract_answer(text: str) -> str | None:
