@@ -40,6 +40,12 @@ def offline_trackers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
                         "HF_HUB_OFFLINE": "1"}.items():
         patch.setenv(name, str(value))
     patch.delenv("WANDB_DIR", raising=False)
+    # trackio copies TRACKIO_DIR into its modules when imported: where another test (or a
+    # package) imported it already, point those copies at the temporary store too, so that no
+    # test writes into the user's own ~/.cache/huggingface/trackio
+    for name, module in list(sys.modules.items()):
+        if (name == "trackio" or name.startswith("trackio.")) and hasattr(module, "TRACKIO_DIR"):
+            patch.setattr(module, "TRACKIO_DIR", home / "trackio")
     yield home
     patch.undo()
 
