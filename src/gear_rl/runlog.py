@@ -59,6 +59,14 @@ def _groups(group_ids: Sequence[Hashable] | torch.Tensor) -> list[Hashable]:
     return group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
 
 
+def _group_rows(group_ids: Sequence[Hashable] | torch.Tensor) -> list[list[int]]:
+    """The rows of each group, groups in order of first appearance."""
+    groups: dict[Hashable, list[int]] = {}
+    for row, group in enumerate(_groups(group_ids)):
+        groups.setdefault(group, []).append(row)
+    return list(groups.values())
+
+
 def pick_rows(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tensor,
               count: int) -> list[int]:
     """The ``count`` rows to log: the best and the worst rewarded row of each group with mixed
@@ -71,11 +79,8 @@ def pick_rows(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch.Tenso
     """
     if count <= 0:
         return []
-    groups: dict[Hashable, list[int]] = {}
-    for row, group in enumerate(_groups(group_ids)):
-        groups.setdefault(group, []).append(row)
     chosen: list[int] = []
-    for rows in groups.values():
+    for rows in _group_rows(group_ids):
         values = rewards[rows]
         if float(values.max()) > float(values.min()):
             chosen += [rows[int(values.argmax())], rows[int(values.argmin())]]
@@ -179,10 +184,7 @@ def rollout_metrics(rewards: torch.Tensor, group_ids: Sequence[Hashable] | torch
         groups whose rewards are not all equal), ``response_len`` (mean tokens per response,
         observations included) and, with ``entropy``, ``entropy_mean`` over policy tokens.
     """
-    groups: dict[Hashable, list[int]] = {}
-    for row, group in enumerate(_groups(group_ids)):
-        groups.setdefault(group, []).append(row)
-    mixed = [float(rewards[rows].max() > rewards[rows].min()) for rows in groups.values()]
+    mixed = [float(rewards[rows].max() > rewards[rows].min()) for rows in _group_rows(group_ids)]
     out = {
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,

@@ -25,8 +25,7 @@ __all__ = ["batch_metrics", "format_summary", "is_measurement", "sample_records"
 
 
 def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
-                  estimator: Estimator, credit_config: Any,
-                  samples_per_prompt: int) -> dict[str, float]:
+                  estimator: Estimator, credit_config: Any) -> dict[str, float]:
     """Rollout and credit health numbers of one batch (``advantages``: ``[B, T]``): the
     engines' shared :func:`gear_rl.runlog.rollout_metrics` plus ``accuracy``, ``truncated``,
     ``ref_kl``, the credit diagnostics and the rollout's agent statistics."""
@@ -47,13 +46,13 @@ def batch_metrics(batch: StepBatch, scores: Scores, advantages: torch.Tensor,
 
 def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, step: int, *,
                    estimator: Estimator, credit_config: Any, tokenizer: Any, task: Any,
-                   count: int, samples_per_prompt: int) -> list[dict[str, Any]]:
+                   count: int) -> list[dict[str, Any]]:
     """Up to ``count`` trajectories with their per-token signals (for the report's token
     viewer): alternately the best and worst rewarded rows of mixed groups first. The records
     are :func:`gear_rl.runlog.sample_records`' (the TRL and verl adapters write the same),
     with the trainer's problem fields (``problem_id``, ``prompt``, ``answer``, ``response``,
-    ``extracted``, ``finished``; multi-turn: ``turn_ids``, ``transcript``).
-    ``samples_per_prompt`` is kept for callers; the groups are ``batch.group_ids``."""
+    ``extracted``, ``finished``; multi-turn: ``turn_ids``, ``transcript``); the groups are
+    ``batch.group_ids``."""
 
     def problem_fields(row: int) -> dict[str, Any]:
         fields: dict[str, Any] = {

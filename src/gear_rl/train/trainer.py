@@ -264,7 +264,7 @@ class Trainer:
         timings["time/step_cpu"] = time.process_time() - cpu_started
         tokens = sum(len(r) for r in batch.response_ids)
         metrics = batch_metrics(batch, scores, update.advantages, self.estimator,
-                                self.credit_config, self.config.rollout.samples_per_prompt)
+                                self.credit_config)
         record = {"step": step, **metrics, **update.metrics, **timings,
                   "rollout_tok_per_s": tokens / max(timings["time/rollout"], 1e-9),
                   **memory_metrics(self.runtime.device)}
@@ -403,8 +403,7 @@ class Trainer:
         return sample_records(output.batch, output.scores, output.advantages, step,
                               estimator=self.estimator, credit_config=self.credit_config,
                               tokenizer=self.tokenizer, task=self.task,
-                              count=self.config.log.samples_per_step,
-                              samples_per_prompt=self.config.rollout.samples_per_prompt)
+                              count=self.config.log.samples_per_step)
 
     def train(self) -> dict[str, Any]:
         """Run (or continue) the configured number of steps; returns the end summary. The
