@@ -129,6 +129,22 @@ def test_export_loads_in_plain_transformers_with_the_trained_weights(tiny_run, t
                                                        RESPONSES)) != loaded["logprobs"]
 
 
+def test_every_exported_file_is_readable_as_the_umask_allows(tiny_run, tmp_path,
+                                                           capsys) -> None:
+    """safetensors writes its file 0600; an export is served, often by another user, so every
+    file gets the umask's mode for a new file."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        assert main(["export", str(tiny_run), str(tmp_path / "policy")]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "policy").iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
 def test_export_of_an_older_step_and_in_bf16(tiny_run, tmp_path, capsys) -> None:
     step1 = tiny_run / "checkpoints" / "step-000001"
     out = tmp_path / "step1"

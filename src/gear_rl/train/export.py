@@ -98,6 +98,13 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / EXPORT_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        # safetensors writes its file 0600 whatever the umask; every exported file gets the
+        # mode the umask gives a new file (that of EXPORT_INFO), so a server running as
+        # another user can read the weights as it reads the tokenizer
+        mode = (staging / EXPORT_INFO).stat().st_mode & 0o777
+        for path in staging.rglob("*"):
+            if path.is_file():
+                path.chmod(mode)
         for sub in sorted(p for p in staging.rglob("*") if p.is_dir()):
             fsync_folder(sub)
         fsync_folder(staging)
