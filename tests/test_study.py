@@ -347,6 +347,28 @@ def test_earlier_evaluations_are_compared_too(tmp_path: Path) -> None:
     assert step_one[1]["versus"]["difference"] == pytest.approx(-0.625)
 
 
+def test_cells_that_end_below_their_start_are_named(tmp_path: Path) -> None:
+    """A collapsed seed (final score below its own step-0 score) is listed, with both scores;
+    a cell that ends level with its start is not."""
+    spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}, budget=TINY_BUDGET))
+    start = [[1, 0], [1, 0]]  # 0.5 before training, every cell
+    _write_cell(tmp_path, "arith", "grpo", "grpo", 0, [[1, 1], [1, 0]], earlier={0: start})
+    _write_cell(tmp_path, "arith", "grpo", "grpo", 1, start, earlier={0: start})
+    _write_cell(tmp_path, "arith", "gear", "gear", 0, [[1, 0], [0, 0]], earlier={0: start})
+    _write_cell(tmp_path, "arith", "gear", "gear", 1, [[1, 1], [1, 1]], earlier={0: start})
+    write_study(analyze_study(spec, tmp_path))
+    text = (tmp_path / "study.md").read_text()
+    assert ("Cells that ended below their own step-0 score: gear seed 0 (0.500 -> 0.250)."
+            in text)
+    methods = json.loads((tmp_path / "study.json").read_text())["tasks"][0]["methods"]
+    assert [m["ended_below_start"] for m in methods] == [[], [0]]
+    assert methods[1]["per_seed_start"] == [0.5, 0.5]
+    _write_cell(tmp_path / "level", "arith", "grpo", "grpo", 0, start, earlier={0: start})
+    write_study(analyze_study(spec, tmp_path / "level"))
+    assert ("Cells that ended below their own step-0 score: none."
+            in (tmp_path / "level" / "study.md").read_text())
+
+
 def test_the_report_names_where_each_cell_trained(tmp_path: Path) -> None:
     """A study that spans machines (seed 0 on a Xeon in bf16, seed 1 on an EPYC in fp32)
     says which cells ran where; the cells' run.json is what records it."""

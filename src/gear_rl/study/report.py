@@ -83,6 +83,19 @@ class CellResult:
         """The cell's held-out score: the mean over problems."""
         return statistics.fmean(self.scores)
 
+    @property
+    def start_score(self) -> float | None:
+        """The held-out score before training (step 0; None where step 0 was not evaluated on
+        the same problems)."""
+        return statistics.fmean(self.by_step[0]) if 0 in self.by_step else None
+
+    @property
+    def ended_below_start(self) -> bool:
+        """Whether the cell's final score is below its own step-0 score: a seed that trained
+        the policy worse than it started (a "collapsed seed" in a study's rules)."""
+        start = self.start_score
+        return start is not None and self.score < start
+
 
 @dataclass
 class MethodResult:
@@ -439,6 +452,11 @@ def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
             parts.append("within noise: " + ", ".join(within))
         lines += ["", f"**Bottom line** (against {baseline.method.label}): "
                   + "; ".join(parts) + "."]
+    below = [f"{m.method.label} seed {c.cell.seed} ({_fmt(c.start_score)} -> {c.score:.3f})"
+             for m in result.methods for c in m.cells if c.ended_below_start]
+    if any(c.start_score is not None for m in result.methods for c in m.cells):
+        lines += ["", "Cells that ended below their own step-0 score: "
+                  + ("; ".join(below) if below else "none") + "."]
     if result.by_step:
         steps = [*result.by_step, result.final_step]
         lines += ["", f"Held-out {name} at every evaluated step (secondary: the verdicts above "
@@ -576,6 +594,8 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
                 "key": m.method.key, "label": m.method.label, "estimator": m.method.estimator,
                 "overrides": m.method.overrides, "seeds": m.seeds,
                 "per_seed": [c.score for c in m.cells],
+                "per_seed_start": [c.start_score for c in m.cells],
+                "ended_below_start": [c.cell.seed for c in m.cells if c.ended_below_start],
                 "cells": [Path(c.run.path).relative_to(result.out).as_posix()
                           for c in m.cells],
                 "unfinished": [c.name for c in m.missing],
