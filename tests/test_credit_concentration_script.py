@@ -37,3 +37,46 @@ def test_shares_of_the_decisive_prefix(tmp_path: Path) -> None:
     # GRPO: uniform within a trajectory, so per trajectory the token shares; pooled weighed by
     # each trajectory's |A|: (0.5 * 4 + 1 * 1) / (0.5 * 7 + 1 * 3)
     assert rows["grpo"] == [round(3 / 6.5, 3), round((4 / 7 + 1 / 3) / 2, 3)]
+
+
+ON_CHECKPOINTS = SCRIPT.parent / "credit_on_checkpoints.py"
+
+
+def _check(folder: Path, rows: dict[str, float], ceiling: float) -> Path:
+    """A credit check's output folder holding only the scores the script reads."""
+    def score(value: float) -> dict:
+        return {"value": value, "low": value - 0.1, "high": value + 0.1, "trajectories": 8,
+                "groups": 4}
+
+    folder.mkdir(parents=True)
+    (folder / "credit_check.json").write_text(json.dumps({"scores": {
+        "rows": [{"label": name, "variant": False,
+                  "scores": {"first": {"spearman": score(value)}}}
+                 for name, value in rows.items()]
+        + [{"label": "mine", "variant": True, "scores": {"first": {"spearman": score(0.9)}}}],
+        "ceiling": {"spearman": score(ceiling)}}}))
+    return folder
+
+
+def test_credit_on_checkpoints_marks_each_cells_own_credit(tmp_path: Path) -> None:
+    rows = {"grpo": 0.0, "spo_chain": 0.4, "vineppo": 0.25, "gear": -0.05}
+    spo = _check(tmp_path / "spo_chain-s1", rows, 0.7)
+    mp = _check(tmp_path / "gear_mp-s1", rows, 0.6)
+    done = subprocess.run([sys.executable, str(ON_CHECKPOINTS), str(spo), str(mp)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == ("| policy (cell) | trajectories (groups) | noise ceiling | grpo | "
+                        "spo_chain | vineppo | gear |")
+    # the cell's own estimator in bold; gear_mp's own credit is gear's row
+    assert lines[2] == ("| spo_chain-s1 | 8 (4) | +0.70 [+0.60, +0.80] | +0.00 [-0.10, +0.10] | "
+                        "**+0.40 [+0.30, +0.50]** | +0.25 [+0.15, +0.35] | "
+                        "-0.05 [-0.15, +0.05] |")
+    assert lines[3].startswith("| gear_mp-s1 | 8 (4) | +0.60 [+0.50, +0.70] |")
+    assert lines[3].endswith("| **-0.05 [-0.15, +0.05]** |")
+    assert "mine" not in done.stdout  # variants are not the cell's methods
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = subprocess.run([sys.executable, str(ON_CHECKPOINTS), str(empty)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "no credit_check.json in" in refused.stderr
