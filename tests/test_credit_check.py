@@ -341,6 +341,39 @@ def test_monte_carlo_estimators_are_scored_on_their_own_continuations(tmp_path: 
         assert traj["advantages"]["spo_tokens"] != traj["mc_advantage"]
 
 
+def test_monte_carlo_rows_values_are_kept_and_reused(tmp_path: Path) -> None:
+    """The Monte-Carlo rows' own values are appended to mc_rows.jsonl batch by batch; a rerun
+    after a kill (the last batch lost, half a line written) draws only what is missing and
+    scores exactly as the uninterrupted check."""
+    config = load_config(None, [*SMALL, "rollout.max_new_tokens=6",
+                                "rollout.prompts_per_step=2"])
+    per_token = {"cut_interval": 1, "prob_threshold": 1.0, "mc_samples": 4}
+
+    def run(out: Path):
+        check = CreditCheckConfig(groups=4, per_group=1, continuations=4, replicates=1,
+                                  estimators=["grpo", "vineppo"], bootstrap=50, progress=False,
+                                  variants={"spo_tokens": ("spo_chain", per_token)}, seed=2)
+        model, tokenizer = _tiny()
+        return credit_check(config, check, out, model=model, tokenizer=tokenizer,
+                            task=first_letter_task())
+
+    whole = run(tmp_path / "cc")
+    saved = (tmp_path / "cc" / "mc_rows.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in saved]
+    # two rows (vineppo, spo_tokens) x two batches of 2 prompts
+    assert sorted((r["label"], r["batch"]) for r in records) == [
+        ("spo_tokens", 0), ("spo_tokens", 1), ("vineppo", 0), ("vineppo", 1)]
+    assert all(len(r["extras"]["mc_values"]) == 2 * config.rollout.samples_per_prompt
+               for r in records)
+    (tmp_path / "cc" / "mc_rows.jsonl").write_text(
+        "\n".join(saved[:-1]) + "\n" + saved[-1][:len(saved[-1]) // 2])
+    with pytest.warns(UserWarning, match="half-written last line"):
+        again = run(tmp_path / "cc")
+    assert again.data["scores"] == whole.data["scores"]
+    assert again.data["trajectories"] == whole.data["trajectories"]
+    assert (tmp_path / "cc" / "mc_rows.jsonl").read_text().splitlines() == saved
+
+
 # ------------------------------------------------------------------ (c) bad input
 def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     config = load_config(None, SMALL)

@@ -98,6 +98,7 @@ CREDIT_CHECK_MD = "credit_check.md"
 CREDIT_CHECK_PNG = "credit_check.png"
 CREDIT_CHECK_TRAJECTORIES = "trajectories.json"
 CREDIT_CHECK_VALUES = "values.jsonl"
+CREDIT_CHECK_MC_ROWS = "mc_rows.jsonl"
 
 RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
 """What a planned run folder can hold (:meth:`RunDir.state`)."""

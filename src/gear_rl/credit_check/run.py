@@ -69,6 +69,7 @@ from gear_rl.mc_values import (
 from gear_rl.rundir import (
     CREDIT_CHECK_DIR,
     CREDIT_CHECK_JSON,
+    CREDIT_CHECK_MC_ROWS,
     CREDIT_CHECK_MD,
     CREDIT_CHECK_PNG,
     CREDIT_CHECK_TRAJECTORIES,
@@ -293,8 +294,8 @@ def _open_out(out: Path) -> RunDir:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ValueError(f"out: cannot create {out}: {error.strerror}") from error
-    ours = {CREDIT_CHECK_TRAJECTORIES, CREDIT_CHECK_VALUES, CREDIT_CHECK_JSON, CREDIT_CHECK_MD,
-            CREDIT_CHECK_PNG, LOCK}
+    ours = {CREDIT_CHECK_TRAJECTORIES, CREDIT_CHECK_VALUES, CREDIT_CHECK_MC_ROWS,
+            CREDIT_CHECK_JSON, CREDIT_CHECK_MD, CREDIT_CHECK_PNG, LOCK}
     foreign = [p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(".")]
     if foreign and not (out / CREDIT_CHECK_TRAJECTORIES).is_file():
         raise ValueError(f"out: {out} is not empty and holds no credit check ({foreign[0]}, "
@@ -310,16 +311,21 @@ def _settings_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[s
             if saved.get(key) != current.get(key)]
 
 
-def _read_values(path: Path) -> dict[int, dict[str, Any]]:
-    """The recorded trajectories of ``values.jsonl`` by row; a half-written last line (a kill
+def _read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file the check appends to; a half-written last line (a kill
     mid-write) is dropped and the file rewritten without it, so appends start on a new line."""
     if not path.is_file():
-        return {}
+        return []
     records = read_jsonl(path, drop_partial_last=True)
     text = path.read_text(encoding="utf-8")
     if text and not text.endswith("\n"):
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
-    return {int(r["row"]): r for r in records}
+    return records
+
+
+def _read_values(path: Path) -> dict[int, dict[str, Any]]:
+    """The recorded trajectories of ``values.jsonl`` by row (:func:`_read_records`)."""
+    return {int(r["row"]): r for r in _read_records(path)}
 
 
 # ------------------------------------------------------------------------------ signals
@@ -742,20 +748,50 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         CreditBatch(rewards=rewards, group_ids=groups, mask=base["mask"]), OutcomeConfig())
     credit_step = checkpoint_step + 1
 
-    def mc(row: EstimatorRow, number: int, members: list[int], batch: CreditBatch
-           ) -> dict[str, Any]:  # a Monte-Carlo row's own values, independent of the truth's
-        return monte_carlo_extras(
-            row.estimator, row.config, batch, sampler=runtime.sampler,
-            tokenizer=runtime.tokenizer, task=task, problems=[problems[i] for i in members],
-            prompt_ids=[rows[i]["prompt_ids"] for i in members],
-            response_ids=[rows[i]["response_ids"] for i in members],
-            finished=[rows[i]["finished"] for i in members], rollout=rollout,
-            stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
-            seed=sequence_seed(check.seed, 5, number)).extras
+    # a Monte-Carlo row's own values (SPO-chain, VinePPO), batch by batch, independent of the
+    # truth's: often the longest part of the check after the truth, so each batch's values are
+    # appended to mc_rows.jsonl as they are drawn and a rerun of the same check reuses them
+    mc_path = out / CREDIT_CHECK_MC_ROWS
+    mc_done = {(r["label"], int(r["batch"]), r["config"]): r["extras"]
+               for r in _read_records(mc_path)}
+    mc_rows = [row for row in rows_plan if row.estimator.mc_boundaries is not None]
+    mc_keys = [(row.label, number, repr(row.config)) for row in mc_rows
+               for number in range(len(batch_rows))]
+    mc_progress = None
+    if check.progress and any(key not in mc_done for key in mc_keys):
+        from tqdm import tqdm
 
-    advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)], rewards,
-                                         groups, batch_rows, credit_step, rows, mc)
-                  for row in rows_plan}
+        mc_progress = tqdm(total=len(mc_keys), initial=sum(k in mc_done for k in mc_keys),
+                           desc="credit-check: estimators' own values", unit="batch",
+                           dynamic_ncols=True, file=sys.stderr)
+
+    def mc(row: EstimatorRow, number: int, members: list[int], batch: CreditBatch
+           ) -> dict[str, Any]:
+        key = (row.label, number, repr(row.config))
+        if key not in mc_done:
+            extras = monte_carlo_extras(
+                row.estimator, row.config, batch, sampler=runtime.sampler,
+                tokenizer=runtime.tokenizer, task=task, problems=[problems[i] for i in members],
+                prompt_ids=[rows[i]["prompt_ids"] for i in members],
+                response_ids=[rows[i]["response_ids"] for i in members],
+                finished=[rows[i]["finished"] for i in members], rollout=rollout,
+                stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
+                seed=sequence_seed(check.seed, 5, number)).extras
+            append_jsonl(mc_path, {"label": key[0], "batch": number, "config": key[2],
+                                   "extras": extras})
+            mc_done[key] = extras
+            if mc_progress is not None:
+                mc_progress.set_postfix(row=row.label)
+                mc_progress.update(1)
+        return mc_done[key]
+
+    try:
+        advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)],
+                                             rewards, groups, batch_rows, credit_step, rows, mc)
+                      for row in rows_plan}
+    finally:
+        if mc_progress is not None:
+            mc_progress.close()
     segments = {row.label: gear_segments(signal_cache[_signal_key(row.signals)]["divergence"],
                                          signal_cache[_signal_key(row.signals)]["entropy"],
                                          base["mask"], row.config)
