@@ -12,7 +12,8 @@ also when the run fails), and every one receives the same thing:
 - the run's name: the run directory's name; the project: ``log.project``;
 - the resolved config as ``config.yaml`` holds it, as the tracker run's config;
 - the run's ``run_id`` (``run.json``), so a resumed run continues the same tracker run:
-  W&B's ``id=run_id, resume="allow"``; trackio's run of the same name (``resume="allow"``,
+  W&B's ``id=run_id`` (with ``resume="allow"`` on a resumed run: W&B offline warns that it
+  ignores it); trackio's run of the same name (``resume="allow"``,
   ``"never"`` for a new run, so two runs that share a folder name stay two trackio runs);
   TensorBoard's event files, purged of the steps after the checkpoint.
 
@@ -136,8 +137,9 @@ class TensorBoardTracker(Tracker):
 
 
 class WandbTracker(Tracker):
-    """A Weights & Biases run: ``id`` the run's ``run_id`` with ``resume="allow"``, files under
-    ``RUN_DIR/wandb/``; ``WANDB_MODE`` and W&B's other settings apply as W&B reads them."""
+    """A Weights & Biases run: ``id`` the run's ``run_id`` (``resume="allow"`` when the gear-rl
+    run is resumed), files under ``RUN_DIR/wandb/``; ``WANDB_MODE`` and W&B's other settings
+    apply as W&B reads them."""
 
     name = "wandb"
     package = "wandb"
@@ -146,8 +148,10 @@ class WandbTracker(Tracker):
     def start(self, run: TrackedRun) -> None:
         import wandb
 
+        # resume only a resumed run's: W&B offline ignores it, with a warning on every run
         self.run = wandb.init(project=run.project, name=run.name, id=run.run_id,
-                              resume="allow", dir=str(run.run.path), config=run.config)
+                              resume="allow" if run.resumed else None,
+                              dir=str(run.run.path), config=run.config)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
