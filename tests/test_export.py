@@ -178,6 +178,24 @@ def test_eval_scores_an_export(tiny_run, tmp_path, capsys) -> None:
     assert f"use model={out}" in capsys.readouterr().err
 
 
+def test_a_credit_check_of_an_export_names_the_run_and_step(tiny_run, tmp_path,
+                                                           capsys) -> None:
+    out = tmp_path / "policy"
+    assert main(["export", str(tiny_run), "step=1", str(out)]) == 0
+    capsys.readouterr()
+    check = tmp_path / "cc"
+    assert main(["credit-check", f"model={out}", "task=arithmetic", "train_size=8",
+                 "rollout.samples_per_prompt=2", "rollout.max_new_tokens=3", "groups=2",
+                 "per_group=1", "mixed_only=false", "continuations=2", "estimators=grpo",
+                 "progress=false", "bootstrap=10", f"out={check}"]) == 0
+    capsys.readouterr()
+    data = json.loads((check / "credit_check.json").read_text())
+    assert data["settings"]["export"]["step"] == 1
+    header = (check / "credit_check.md").read_text().splitlines()[2]
+    assert (f"at the weights exported from step 1 of run `{tiny_run.resolve()}` (float32)"
+            in header), header
+
+
 def test_export_refusals(tiny_run, tmp_path, capsys) -> None:
     full = tmp_path / "full"
     full.mkdir()

@@ -105,8 +105,14 @@ def format_table(data: dict[str, Any]) -> str:
     replicates = settings["replicates"]
     m = settings["continuations"]
     first = "the first replicate" if replicates > 1 else "the Monte-Carlo estimate"
-    where = (f"{settings['checkpoint']} (step {settings['checkpoint_step']})"
-             if settings["checkpoint"] else "initial weights")
+    export = settings.get("export")
+    if settings["checkpoint"]:
+        where = f"{settings['checkpoint']} (step {settings['checkpoint_step']})"
+    elif export:
+        where = (f"the weights exported from step {export.get('step')} of run "
+                 f"`{export.get('run')}` ({export.get('dtype')})")
+    else:
+        where = "initial weights"
     lines = [
         "# Credit check",
         "",
