@@ -226,6 +226,8 @@ def _job(workdir: Path, name: str, overrides: list[str], *, setting: str = "math
 def _check_run(rc: int, log: str, steps: int = 2) -> dict[int, dict[str, float]]:
     assert rc == 0, log[-6000:]
     metrics = cpu_job.console_metrics(log)
+    initial = metrics.pop(0, None)  # verl's validation before training (val_before_train)
+    assert initial is None or all(k.startswith("val-") for k in initial), initial
     assert sorted(metrics) == list(range(1, steps + 1)), log[-4000:]
     for step, values in metrics.items():
         assert math.isfinite(values["actor/pg_loss"]), (step, values)
@@ -269,8 +271,16 @@ def _check_run_log(folder: Path, dump_dir: Path, out: Path, steps: int = 2) -> N
     assert run.engine == "verl" and run.estimator == "gear" and run.summary["steps"] == steps
     assert run.config["steps"] == steps and run.config["rollout"]["samples_per_prompt"] == 2
     assert run.config["verl"]["algorithm"]["adv_estimator"] == "gear"
-    assert [r["step"] for r in run.metrics] == list(range(1, steps + 1))
-    for record in run.metrics:
+    # verl's validation before training is the line of step 0, its score as eval/mean@N;
+    # the validation at the last step (test_freq) is on that step's line
+    assert [r["step"] for r in run.metrics] == list(range(0, steps + 1))
+    initial, *trained = run.metrics
+    for record in (initial, trained[-1]):
+        assert [k for k in record if k.startswith("eval/")] == ["eval/mean@1"], record
+        verls = {v for k, v in record.items() if re.fullmatch(r"val-core/.+/mean@1", k)}
+        assert record["eval/mean@1"] in verls, record
+    assert not any(k.startswith(("eval/", "val-core/")) for k in trained[0])  # no validation
+    for record in trained:
         assert {"reward_mean", "groups_mixed", "entropy_mean", "adv_abs_mean", "segment_frac",
                 "time/step", "actor/pg_loss", "gear/segment_frac"} <= set(record), record
     assert [s["step"] for s in run.samples] == [step for step in range(1, steps + 1)
@@ -309,7 +319,8 @@ def test_grpo_job_one_rank(workdir) -> None:
 def test_gear_job_two_ranks_uses_the_registry_advantages(workdir, tmp_path) -> None:
     rc, log, run = _job(workdir, "gear", [
         "algorithm.adv_estimator=gear", "trainer.v1.trainer_mode=gear",
-        "trainer.n_gpus_per_node=2", f"++algorithm.gear.dump_dir={workdir}/run-gear/dump"])
+        "trainer.n_gpus_per_node=2", f"++algorithm.gear.dump_dir={workdir}/run-gear/dump",
+        "trainer.val_before_train=True", "trainer.test_freq=2"])
     metrics = _check_run(rc, log)
     for values in metrics.values():
         for key in ("gear/adv_abs_mean", "gear/weight_mean_pos", "gear/divergence_mean",

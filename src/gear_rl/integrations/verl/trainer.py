@@ -29,6 +29,8 @@ things, and nothing else changes:
    and one ``metrics.jsonl`` line with :func:`~gear_rl.runlog.rollout_metrics`, the credit
    diagnostics under the trainer's names, ``time/step`` and every number verl logs that step;
    ``summary.json`` after the last step. A resumed job drops the records after its checkpoint.
+   A new run's validation before training (``trainer.val_before_train``) is the line of step 0,
+   with ``eval/mean@N`` where one data source was validated.
 
 ``gear`` is verl's ``sync`` loop, ``gear_colocate_async`` its ``colocate_async`` loop. verl's base
 class compares ``trainer_mode`` with the literal ``"sync"`` in several places (which replay buffer,
@@ -106,6 +108,9 @@ class GEARTrainerMixin:
     # from the advantage step until verl's metrics of the step are complete
     gear_run_log: EngineRunLog | None = None
     _gear_pending: tuple[dict[str, float], list[dict[str, Any]]] | None = None
+    # verl's validation before the first step of a new run (step 0), kept until the run log
+    # opens at step 1's metrics
+    _gear_initial_validation: dict[str, float] | None = None
     # set by verl's PPOTrainer, the class this mixin is combined with
     config: Any
     tokenizer: Any
@@ -150,6 +155,17 @@ class GEARTrainerMixin:
         return batch
 
     # ------------------------------------------------------------------ run log
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; the one before a new run's first step (``val_before_train``,
+        step 0) is kept for the run log, which opens at step 1 (a validation during training
+        reaches it through the step's metrics)."""
+        result = super()._validate()  # type: ignore[misc]
+        settings = self.gear_settings
+        if (self.global_steps == 0 and settings is not None and settings.log_samples_per_step > 0
+                and result):
+            self._gear_initial_validation = {**engine_metrics(result), **verl_held_out(result)}
+        return result
+
     def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict,
                          global_steps: int, epoch: int) -> Any:
         """verl's step metrics, then the step's run-log line and samples (once the metrics
@@ -167,6 +183,9 @@ class GEARTrainerMixin:
                 engine="verl", config=self._gear_run_config(settings), first_step=global_steps,
                 info={"run_id": uuid.uuid4().hex, "verl": _version("verl"),
                       "torch": torch.__version__, "trainer_mode": self.gear_trainer_mode})
+            initial, self._gear_initial_validation = self._gear_initial_validation, None
+            if initial and global_steps == 1:  # a new run: its held-out score before training
+                self.gear_run_log.log_step(0, initial)
         values = {**own, **engine_metrics(metrics), **verl_held_out(metrics)}
         if "step" in timing_raw:
             values["time/step"] = float(timing_raw["step"])
