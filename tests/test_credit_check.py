@@ -374,6 +374,21 @@ def test_monte_carlo_rows_values_are_kept_and_reused(tmp_path: Path) -> None:
     assert (tmp_path / "cc" / "mc_rows.jsonl").read_text().splitlines() == saved
 
 
+def test_a_truth_at_its_noise_floor_is_said_so() -> None:
+    """The report says when the noise ceiling's interval reaches 0 (no estimator can be told
+    from noise), on a committed check's own data, and not when the ceiling is clear."""
+    from gear_rl.credit_check.output import format_table
+
+    path = Path(__file__).resolve().parents[1] / "results" / "credit_check" / \
+        "products_first_init" / "credit_check.json"
+    data = json.loads(path.read_text())
+    assert data["scores"]["ceiling"]["spearman"]["low"] > 0.5
+    assert "noise floor" not in format_table(data)
+    data["scores"]["ceiling"]["spearman"].update(value=0.1, low=-0.06, high=0.27)
+    assert ("**The truth is at its noise floor here**: one replicate's ranking agrees with the "
+            "other's by +0.100 [-0.06, +0.27] (Spearman)" in format_table(data))
+
+
 # ------------------------------------------------------------------ (c) bad input
 def test_bad_input_is_refused_clearly(tmp_path: Path) -> None:
     config = load_config(None, SMALL)

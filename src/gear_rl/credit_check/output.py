@@ -146,6 +146,14 @@ def format_table(data: dict[str, Any]) -> str:
     ]
     if replicates < 2:
         lines += ["", "No noise ceiling: it needs replicates >= 2."]
+    else:
+        ceiling = (data["scores"].get("ceiling") or {}).get("spearman") or {}
+        if ceiling.get("low") is not None and ceiling["low"] <= 0:
+            lines += ["", f"**The truth is at its noise floor here**: one replicate's ranking "
+                      f"agrees with the other's by {_interval(ceiling, True)} (Spearman), an "
+                      "interval that reaches 0, so no estimator's score above can be told "
+                      "from noise. More continuations per boundary, or more trajectories, "
+                      "would be needed to judge the credit of this model on this task."]
     if counts["truth_done"] == 0:
         lines += ["", "**No trajectory has a truth yet**"
                   + (": no sampled group had mixed outcomes; sample more groups, or set "
