@@ -139,6 +139,10 @@ def test_trl_run_log_holds_the_credit_the_loss_used(trl_run) -> None:
     assert run.config["credit"] == {"lambda_kl": 0.05} and run.config["steps"] == 2
     assert run.config["rollout"]["samples_per_prompt"] == NUM_GENERATIONS
     assert run.config["trl"]["num_generations"] == NUM_GENERATIONS
+    # the unnamed dataset by its content hash (the same rows: the same name)
+    rows = [{"prompt": [{"role": "user", "content": q}], "reference": ref}
+            for q, ref in QUESTIONS]
+    assert run.config["task"] == f"dataset {datasets.Dataset.from_list(rows)._fingerprint}"
     assert run.summary["engine"] == "trl" and run.summary["steps"] == 2
     assert [s["step"] for s in run.samples] == [1, 1, 1, 2, 2, 2]
     for sample in run.samples:
