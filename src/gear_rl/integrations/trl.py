@@ -476,10 +476,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
         dataset = self.train_dataset
         task = getattr(getattr(dataset, "info", None), "dataset_name", None)
-        if task is None and getattr(dataset, "_fingerprint", None):
+        fingerprint = getattr(dataset, "_fingerprint", None)
+        if task is None and fingerprint:
             # an unnamed dataset (Dataset.from_list, ...) by its content hash, so that compare
             # tells runs on two different unnamed datasets apart
-            task = f"dataset {dataset._fingerprint}"
+            task = f"dataset {fingerprint}"
         generations, per_prompt = args.generation_batch_size or 0, args.num_generations or 1
         return {"estimator": args.estimator, "credit": dict(cast("dict", args.credit or {})),
                 "seed": args.seed, "model": name, "task": task or type(dataset).__name__,
