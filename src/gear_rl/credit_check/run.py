@@ -86,7 +86,7 @@ from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, load_task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_reward_fn
-from gear_rl.train.export import EXPORT_INFO
+from gear_rl.train.export import read_export_info
 from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
 from gear_rl.train.scoring import (
     SignalPass,
@@ -304,19 +304,6 @@ def _open_out(out: Path) -> RunDir:
     folder = RunDir(out)
     folder.lock(user="credit check")
     return folder
-
-
-def _export_info(model: str) -> dict[str, Any] | None:
-    """What ``gear-rl export`` recorded of the run and step a model folder was exported from
-    (None: the model is not such a folder)."""
-    path = Path(model) / EXPORT_INFO
-    if not path.is_file():
-        return None
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) else None
 
 
 def _settings_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
@@ -818,7 +805,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                                              base, advantages, segments, rows_plan)}
     score_seconds = time.perf_counter() - mark
     data["skipped"] = skipped
-    data["settings"] = {**settings, "export": _export_info(config.model),
+    data["settings"] = {**settings, "export": read_export_info(config.model),
                         "bootstrap": check.bootstrap, "confidence": check.confidence,
                         "precision_k": list(check.precision_k), "budget": check.budget,
                         "reference": check.reference,

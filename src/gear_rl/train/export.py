@@ -24,7 +24,7 @@ import torch
 
 from gear_rl.rundir import RunDir, fsync_folder, fsync_path
 
-__all__ = ["EXPORT_DTYPES", "EXPORT_INFO", "export_policy"]
+__all__ = ["EXPORT_DTYPES", "EXPORT_INFO", "export_policy", "read_export_info"]
 
 EXPORT_DTYPES: dict[str, torch.dtype | None] = {
     "auto": None, "fp32": torch.float32, "float32": torch.float32,
@@ -117,3 +117,17 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
         raise
     fsync_path(out.parent)
     return {**info, "out": str(out)}
+
+
+def read_export_info(folder: str | Path) -> dict[str, Any] | None:
+    """What :func:`export_policy` recorded in ``folder/``:data:`EXPORT_INFO` (the run, step,
+    model and dtype the weights came from); None where ``folder`` holds no readable record (a
+    model name, or a model folder not written by an export)."""
+    path = Path(folder) / EXPORT_INFO
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
