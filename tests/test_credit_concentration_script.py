@@ -80,3 +80,93 @@ def test_credit_on_checkpoints_marks_each_cells_own_credit(tmp_path: Path) -> No
     refused = subprocess.run([sys.executable, str(ON_CHECKPOINTS), str(empty)],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "no credit_check.json in" in refused.stderr
+
+
+VERDICT = SCRIPT.parent / "credit_control_verdict.py"
+
+
+def _study(diffs: dict[str, float], contrasts: dict[tuple[str, str], float],
+           below: dict[str, list[int]] | None = None, seeds: int = 5) -> dict:
+    """A study.json holding only what the verdict reads: each method's paired difference from
+    grpo and the contrasts, each with an interval of +-0.05 and an MDD of 0.1."""
+    def versus(value: float) -> dict:
+        return {"difference": value, "low": value - 0.05, "high": value + 0.05, "mdd": 0.1}
+
+    below = below or {}
+    methods = [{"key": "grpo", "seeds": list(range(seeds)), "unfinished": [], "versus": None,
+                "ended_below_start": below.get("grpo", [])}]
+    methods += [{"key": key, "seeds": list(range(seeds)),
+                 "unfinished": [f"t/{key}-s{s}" for s in range(seeds, 5)],
+                 "versus": versus(value), "ended_below_start": below.get(key, [])}
+                for key, value in diffs.items()]
+    task = {"key": "products", "label": "t", "methods": methods,
+            "contrasts": [{"key": key, "against": against, "versus": versus(value)}
+                          for (key, against), value in contrasts.items()]}
+    return {"spec": "studies/x.yaml", "baseline": "grpo",
+            "tasks": [task, {**task, "key": "products_work"}]}
+
+
+def _verdict(tmp_path: Path, study: dict) -> str:
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps(study))
+    done = subprocess.run([sys.executable, str(VERDICT), str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_credit_control_verdict_applies_each_branch(tmp_path: Path) -> None:
+    base = {"spo_chain": 0.0, "vineppo": 0.0, "gear": 0.0, "gear_mp": 0.0, "grpo_tokens": 0.2}
+    against = {("spo_chain", "grpo_tokens"): -0.2, ("vineppo", "grpo_tokens"): -0.2,
+               ("gear_mp", "gear"): 0.0}
+    out = _verdict(tmp_path, _study(base, against))
+    assert out.count("**Verdict: credit does not limit learning here.**") == 2
+    assert "**Decision: the default stays" in out  # not better anywhere, no collapsed seed
+    # H1 through spo_chain (+0.10, [+0.05, +0.15]); gear +0.08 inside it and above 0
+    out = _verdict(tmp_path, _study({**base, "spo_chain": 0.1, "gear": 0.08}, against))
+    assert "H1: spo_chain vs grpo: +0.100 [+0.050, +0.150]: **holds**" in out
+    assert out.count("**Verdict: credit limits learning, and GEAR finds it.**") == 2
+    # gear's interval includes 0
+    out = _verdict(tmp_path, _study({**base, "vineppo": 0.1, "gear": 0.03}, against))
+    assert "**Verdict: credit limits learning, GEAR does not find it.**" in out
+    # gear beyond noise but above the Monte-Carlo interval: a case the rules do not name
+    out = _verdict(tmp_path, _study({**base, "spo_chain": 0.1, "gear": 0.3}, against))
+    assert "a case the rules do not name" in out
+    # H2 alone (spo_chain beats grpo_tokens beyond noise) still compares gear with grpo
+    out = _verdict(tmp_path, _study(base, {**against, ("spo_chain", "grpo_tokens"): 0.1}))
+    assert "H2: spo_chain vs grpo_tokens: +0.100 [+0.050, +0.150]: **holds**" in out
+    assert "GEAR does not find it" in out
+
+
+def test_credit_control_verdict_gear_default(tmp_path: Path) -> None:
+    base = {"spo_chain": 0.0, "vineppo": 0.0, "gear": 0.0, "gear_mp": 0.0, "grpo_tokens": 0.0}
+    against = {("spo_chain", "grpo_tokens"): 0.0, ("vineppo", "grpo_tokens"): 0.0}
+    # a collapsed gear seed that gear_mp does not share, and gear_mp not worse: replaced
+    out = _verdict(tmp_path, _study(base, {**against, ("gear_mp", "gear"): -0.05},
+                                    below={"gear": [2], "gear_mp": [3]}))
+    assert "gear's collapsed seeds that gear_mp's are not: 2" in out
+    assert "**Decision: gear_mp replaces gear as the default" in out
+    # the same collapse, but gear_mp below gear by more than the MDD (0.1): the default stays
+    out = _verdict(tmp_path, _study(base, {**against, ("gear_mp", "gear"): -0.15},
+                                    below={"gear": [2]}))
+    assert "**Decision: the default stays" in out
+    # both collapse on the same seed: no advantage; interval above 0 instead: replaced
+    out = _verdict(tmp_path, _study(base, {**against, ("gear_mp", "gear"): 0.0},
+                                    below={"gear": [2], "gear_mp": [2]}))
+    assert "**Decision: the default stays" in out
+    out = _verdict(tmp_path, _study(base, {**against, ("gear_mp", "gear"): 0.08}))
+    assert "**Decision: gear_mp replaces gear" in out
+    # unfinished seeds: pending, with the cells left
+    out = _verdict(tmp_path, _study(base, {**against, ("gear_mp", "gear"): 0.08}, seeds=3))
+    assert "Pending:" in out and "t/gear_mp-s4" in out and "Decision" not in out
+
+
+def test_credit_control_verdict_on_the_committed_report() -> None:
+    # the default task's 30 cells are final: its verdict is the one docs/results.md states
+    report = SCRIPT.parents[1] / "results" / "study" / "credit_control" / "study.json"
+    done = subprocess.run([sys.executable, str(VERDICT), str(report)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    products = done.stdout.split("### `products`", 1)[1].split("###", 1)[0]
+    assert "**Verdict: credit does not limit learning here.**" in products
+    assert "**holds**" not in products
