@@ -64,7 +64,7 @@ def _versus(task: dict[str, Any], key: str, against: str, baseline: str) -> dict
 
 def _pending(task: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
     """The cells still missing before ``keys`` have :data:`SEEDS` finished seeds each."""
-    missing = []
+    missing: list[str] = []
     for key in keys:
         method = _method(task, key)
         if len(method["seeds"]) < SEEDS:
