@@ -13,8 +13,10 @@ method's paired difference from grpo and the file's ``contrasts``) and prints, i
   that Monte-Carlo method's interval over grpo and gear's own interval lies above 0, and "credit
   limits learning, GEAR does not find it" if gear's interval includes 0. The rule compares gear
   with grpo (not with grpo_tokens, for which the file registers no gear contrast) whichever
-  hypothesis held. A case the rules do not name (gear beyond noise on either side of the Monte-
-  Carlo interval, or below grpo beyond noise) is printed as such, with its numbers;
+  hypothesis held. On step 5's task (``products_first``) it adds the share of the Monte-Carlo
+  method's gain that gear captures (gear's difference over the method's, point estimates), as
+  the file's step-5 reading asks. A case the rules do not name (gear beyond noise on either
+  side of the Monte-Carlo interval, or below grpo beyond noise) is printed as such;
 - GEAR's default (issue 39, step 6), on the first two tasks (the file keeps the rule to them):
   ``gear_mp`` replaces ``gear`` if on both its paired difference over gear is not below
   -MDD, and on at least one the difference's interval lies above 0 or gear has a collapsed seed
@@ -40,6 +42,7 @@ from typing import Any
 SEEDS = 5
 MONTE_CARLO = ("spo_chain", "vineppo")
 DEFAULT_TASKS = ("products", "products_work")  # the rule's "both tasks" (the study file)
+STEP5 = "products_first"  # issue 39 step 5's task: the file adds the share gear captures
 DEFAULT = Path("results/study/credit_control/study.json")
 
 
@@ -93,7 +96,8 @@ def task_verdict(task: dict[str, Any], baseline: str = "grpo") -> list[str]:
             if holds:
                 held.append(key)
     if not held:
-        return [*lines, "", "**Verdict: credit does not limit learning here.**", ""]
+        even = ", even where the truth concentrates on a few tokens" if task["key"] == STEP5 else ""
+        return [*lines, "", f"**Verdict: credit does not limit learning here{even}.**", ""]
     gear = _versus(task, "gear", baseline, baseline)
     lines.append(f"- gear vs {baseline}: {_diff(gear)}")
     outcomes = set()
@@ -107,6 +111,9 @@ def task_verdict(task: dict[str, Any], baseline: str = "grpo") -> list[str]:
         else:
             outcomes.add(f"a case the rules do not name: gear's difference {_diff(gear)} against "
                          f"{key}'s interval [{mc['low']:+.3f}, {mc['high']:+.3f}]")
+        if task["key"] == STEP5 and mc["difference"] > 0:
+            lines.append(f"- share of {key}'s gain that gear captures (point estimates, the "
+                         f"file's step-5 reading): {gear['difference'] / mc['difference']:.2f}")
     return [*lines, "", *(f"**Verdict: {text}.**" for text in sorted(outcomes)), ""]
 
 

@@ -136,6 +136,15 @@ def test_credit_control_verdict_applies_each_branch(tmp_path: Path) -> None:
     out = _verdict(tmp_path, _study(base, {**against, ("spo_chain", "grpo_tokens"): 0.1}))
     assert "H2: spo_chain vs grpo_tokens: +0.100 [+0.050, +0.150]: **holds**" in out
     assert "GEAR does not find it" in out
+    # step 5's task adds the share of the gain gear captures; a null there says "even where"
+    step5 = _study({**base, "spo_chain": 0.1, "gear": 0.08}, against)
+    step5["tasks"][1]["key"] = "products_first"
+    out = _verdict(tmp_path, step5)
+    assert out.count("share of spo_chain's gain that gear captures") == 1
+    assert "captures (point estimates, the file's step-5 reading): 0.80" in out
+    step5 = _study(base, against)
+    step5["tasks"][1]["key"] = "products_first"
+    assert "here, even where the truth concentrates" in _verdict(tmp_path, step5)
 
 
 def test_credit_control_verdict_gear_default(tmp_path: Path) -> None:
