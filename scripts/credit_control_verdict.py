@@ -44,6 +44,8 @@ MONTE_CARLO = ("spo_chain", "vineppo")
 DEFAULT_TASKS = ("products", "products_work")  # the rule's "both tasks" (the study file)
 STEP5 = "products_first"  # issue 39 step 5's task: the file adds the share gear captures
 DEFAULT = Path("results/study/credit_control/study.json")
+# the report's own reading of each interval (gear_rl.stats.verdict, stored in every "versus")
+BETTER, WITHIN = "better beyond noise", "within noise"
 
 
 def _method(task: dict[str, Any], key: str) -> dict[str, Any]:
@@ -90,7 +92,7 @@ def task_verdict(task: dict[str, Any], baseline: str = "grpo") -> list[str]:
     for hypothesis, against in (("H1", baseline), ("H2", "grpo_tokens")):
         for key in MONTE_CARLO:
             versus = _versus(task, key, against, baseline)
-            holds = versus["low"] > 0
+            holds = versus["verdict"] == BETTER
             lines.append(f"- {hypothesis}: {key} vs {against}: {_diff(versus)}: "
                          + ("**holds**" if holds else "does not hold"))
             if holds:
@@ -104,9 +106,9 @@ def task_verdict(task: dict[str, Any], baseline: str = "grpo") -> list[str]:
     for key in dict.fromkeys(held):
         mc = _versus(task, key, baseline, baseline)
         inside = mc["low"] <= gear["difference"] <= mc["high"]
-        if gear["low"] <= 0 <= gear["high"]:
+        if gear["verdict"] == WITHIN:
             outcomes.add("credit limits learning, GEAR does not find it")
-        elif inside and gear["low"] > 0:
+        elif inside and gear["verdict"] == BETTER:
             outcomes.add("credit limits learning, and GEAR finds it")
         else:
             outcomes.add(f"a case the rules do not name: gear's difference {_diff(gear)} against "
@@ -138,7 +140,7 @@ def gear_default(tasks: list[dict[str, Any]], baseline: str = "grpo") -> list[st
                            - set(_method(task, "gear_mp")["ended_below_start"]))
         keeps["contrast"] &= versus["difference"] >= -versus["mdd"]
         keeps["against grpo"] &= versus["difference"] >= -gear_mdd
-        better |= versus["low"] > 0 or bool(collapsed)
+        better |= versus["verdict"] == BETTER or bool(collapsed)
         lines.append(f"- `{key}`: gear_mp - gear {_diff(versus)}, MDD {versus['mdd']:.3f} "
                      f"(gear's against {baseline}: {gear_mdd:.3f}); gear's collapsed seeds that "
                      f"gear_mp's are not: {', '.join(map(str, collapsed)) or 'none'}")

@@ -1,5 +1,6 @@
-"""scripts/credit_concentration.py: the share of |A_t| on a response's decisive prefix (up to
-the end of its first number), checked on hand-made credit-check trajectories."""
+"""The credit-control study's analysis scripts: scripts/credit_concentration.py (the share of
+|A_t| on a response's decisive prefix, up to the end of its first number), credit_on_checkpoints.py
+and credit_control_verdict.py, checked on hand-made inputs and the committed report."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from gear_rl.stats import verdict
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "credit_concentration.py"
 
@@ -90,7 +93,9 @@ def _study(diffs: dict[str, float], contrasts: dict[tuple[str, str], float],
     """A study.json holding only what the verdict reads: each method's paired difference from
     grpo and the contrasts, each with an interval of +-0.05 and an MDD of 0.1."""
     def versus(value: float) -> dict:
-        return {"difference": value, "low": value - 0.05, "high": value + 0.05, "mdd": 0.1}
+        low, high = value - 0.05, value + 0.05
+        return {"difference": value, "low": low, "high": high, "mdd": 0.1,
+                "verdict": verdict(low, high)}
 
     below = below or {}
     methods = [{"key": "grpo", "seeds": list(range(seeds)), "unfinished": [], "versus": None,
