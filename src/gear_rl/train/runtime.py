@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gear_rl.agent.loop import AgentLimits
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, file_sha256
 from gear_rl.sampling import SamplingParams, stop_token_ids
@@ -533,8 +534,9 @@ def config_differences(before: dict[str, Any], after: dict[str, Any]) -> list[st
     """The keys outside :data:`RESUMABLE` where two configs (``config_to_dict`` dicts, or what
     ``config.yaml`` / a checkpoint's ``state.json`` hold) differ, as ``"key: A, then B"``. Both
     are read as this version reads a run's config: an option added since counts as its
-    default."""
+    default, a credit default changed since as its old value (``upgrade_recorded_config``)."""
     def normal(data: dict[str, Any]) -> dict[str, Any]:
+        data = upgrade_recorded_config(data)
         with contextlib.suppress(ValueError):  # a key this version does not know: a difference
             data = config_to_dict(config_from_dict(copy.deepcopy(data)))
         return flatten_keys(json.loads(json.dumps(data, default=str)))
