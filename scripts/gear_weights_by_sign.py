@@ -26,6 +26,7 @@ import yaml
 from gear_rl.agent.parsing import get_format
 from gear_rl.credit import GEARConfig
 from gear_rl.credit.gear import gear_advantages
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.rundir import RunDir
 
 
@@ -51,7 +52,8 @@ def main() -> int:
     args = parser.parse_args()
     # read as a recorded config: a run recorded before mean_preserving became the default
     # keeps the False it trained with
-    credit = dict(RunDir(args.run_dir).read_config().get("credit") or {})
+    credit = dict(upgrade_recorded_config(RunDir(args.run_dir).read_config()).get("credit")
+                  or {})
     for item in args.overrides:
         key, _, value = item.partition("=")
         if not key.startswith("credit."):

@@ -68,7 +68,9 @@ def test_a_run_recorded_before_the_change_resumes_as_it_trained(tmp_path: Path) 
                                     f"out={runs[name]}"])
         tiny_trainer(runs[name], config=config).train()
     _forget_mean_preserving(runs["old"])
-    assert RunDir(runs["old"]).read_config()["credit"] == {"mean_preserving": False}
+    recorded = RunDir(runs["old"]).read_config()
+    assert recorded["credit"] == {} and upgrade_recorded_config(recorded)["credit"] == {
+        "mean_preserving": False}
     for run in runs.values():
         tiny_trainer(run, config=resume_config(run, {"steps": 4})).train()
     # the old record resumed with the value it trained with, step for step ...

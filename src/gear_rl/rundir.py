@@ -422,9 +422,7 @@ class RunDir:
         return loaded
 
     def read_config(self) -> dict[str, Any]:
-        """``config.yaml`` as a dict ({} when absent), read as this version reads a recorded
-        config (:func:`gear_rl.credit.registry.upgrade_recorded_config`: a credit field whose
-        default changed since the run was recorded keeps the value it trained with)."""
+        """``config.yaml`` as a dict ({} when absent)."""
         if not self.config_path.is_file():
             return {}
         loaded = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
@@ -432,9 +430,7 @@ class RunDir:
             return {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{self.config_path}: expected a mapping")
-        from gear_rl.credit.registry import upgrade_recorded_config  # heavy: only when read
-
-        return upgrade_recorded_config(loaded)
+        return loaded
 
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_jsonl(self.metrics_path, drop_partial_last=True)

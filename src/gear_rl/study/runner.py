@@ -36,7 +36,7 @@ from typing import IO, Any
 
 import yaml
 
-from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
+from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS, upgrade_recorded_config
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
@@ -187,7 +187,7 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
     run = RunDir(run_dir)
     if not run.is_run():
         return "new"
-    saved = run.read_config()
+    saved = upgrade_recorded_config(run.read_config())
     with contextlib.suppress(ValueError):  # a key this version does not know: a difference
         saved = config_to_dict(config_from_dict(saved))
     saved = {k: v for k, v in saved.items() if k not in ignore}

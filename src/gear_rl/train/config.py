@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
-from gear_rl.credit.registry import changed_credit_fields
+from gear_rl.credit.registry import record_credit_defaults
 from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
@@ -618,19 +618,10 @@ def _retired_tensorboard_key(data: Mapping[str, Any]
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
     """Plain nested dict (YAML/JSON-ready) of ``config``, as a run records it: ``credit`` also
-    holds the resolved value of each field of
-    :data:`~gear_rl.credit.registry.CHANGED_CREDIT_DEFAULTS` it leaves out
-    (where the estimator has that field and its config builds), so the record keeps its
-    meaning if a default changes again."""
-    data = dataclasses.asdict(config)
-    missing = [name for name in changed_credit_fields(data) if name not in data["credit"]]
-    if missing:
-        try:
-            built = config.credit_config()
-        except (TypeError, ValueError):
-            return data  # validation says what is wrong with it
-        data["credit"] = {**data["credit"], **{name: getattr(built, name) for name in missing}}
-    return data
+    holds the resolved value of each field whose default changed since runs were first
+    recorded (:func:`~gear_rl.credit.registry.record_credit_defaults`), so the record keeps its
+    meaning."""
+    return record_credit_defaults(dataclasses.asdict(config))
 
 
 def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:

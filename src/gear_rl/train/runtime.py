@@ -495,7 +495,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
             runtime.sync_sampler()
             step = int(state["step"])
             run.truncate_logs(step)
-            saved = run.read_config()
+            saved = upgrade_recorded_config(run.read_config())
             if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
                 run.write_config({**saved, "steps": config.steps})
         except BaseException:
@@ -646,7 +646,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     run = RunDir(run_dir)
     if not run.is_run():
         raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
-    config = config_from_dict(run.read_config())
+    config = config_from_dict(upgrade_recorded_config(run.read_config()))
     out = (overrides or {}).get("out")
     if out is not None and Path(str(out)).resolve() != run.path.resolve():
         raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
