@@ -43,6 +43,15 @@ def test_mean_preserving_is_the_default_of_every_gear_name() -> None:
     assert load_config(None, ["model=tiny-random"]).credit_config().mean_preserving is True
 
 
+def test_train_help_shows_the_default_as_it_resolves(capsys) -> None:
+    """``gear-rl train --help`` shows ``credit.mean_preserving = true`` (its field default is
+    None, "not set")."""
+    from gear_rl.cli import main
+
+    assert main(["train", "estimator=gear_kl_only", "--help"]) == 0
+    assert "credit.mean_preserving = true" in capsys.readouterr().out
+
+
 def test_a_preset_sets_the_fields_left_at_their_defaults(monkeypatch) -> None:
     """What a preset that does differ from the defaults does: its values replace the defaults,
     a field given explicitly keeps its value, the fields it leaves out keep their defaults."""

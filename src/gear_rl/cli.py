@@ -85,8 +85,13 @@ def _train_help(argv: list[str]) -> str:
     lines = [_TRAIN_USAGE, f"estimator={estimator.name}: {estimator.description}{paper}",
              "credit keys (credit.KEY=VALUE):"]
     docs = field_docs(estimator.config_cls)
+    try:  # each key's default as it resolves (a None that means "not set" shows its value)
+        resolved = estimator.make_config()
+    except (TypeError, ValueError):
+        resolved = None
     for name, credit_field in estimator.config_fields().items():
-        lines.extend(_key_lines(f"credit.{name}", field_default(credit_field), docs[name]))
+        default = field_default(credit_field) if resolved is None else getattr(resolved, name)
+        lines.extend(_key_lines(f"credit.{name}", default, docs[name]))
     lines.extend(f"  (credit.{name} is pinned to {_shown(value)} by this estimator's name)"
                  for name, value in estimator.fixed.items())
     names = estimator_names()
