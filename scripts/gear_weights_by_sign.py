@@ -26,6 +26,8 @@ import yaml
 from gear_rl.agent.parsing import get_format
 from gear_rl.credit import GEARConfig
 from gear_rl.credit.gear import gear_advantages
+from gear_rl.credit.registry import upgrade_recorded_config
+from gear_rl.rundir import RunDir
 
 
 def call_flags(tokens: list[str], fmt_name: str) -> list[bool]:
@@ -48,8 +50,10 @@ def main() -> int:
     parser.add_argument("--format", default="markdown", help="tool-call format of the task")
     parser.add_argument("overrides", nargs="*", help="credit.KEY=VALUE")
     args = parser.parse_args()
-    config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
-    credit = dict(config.get("credit") or {})
+    # read as a recorded config: a run recorded before mean_preserving became the default
+    # keeps the False it trained with
+    credit = dict(upgrade_recorded_config(RunDir(args.run_dir).read_config()).get("credit")
+                  or {})
     for item in args.overrides:
         key, _, value = item.partition("=")
         if not key.startswith("credit."):

@@ -16,16 +16,20 @@ from PIL import Image
 from gear_rl.cli import main
 from gear_rl.report.compare import compare_runs
 from gear_rl.stats import t_interval, welch_test
+from gear_rl.train.config import config_to_dict, load_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def write_run(path: Path, estimator: str, seed: int, final: float, *, k: int = 4,
               steps: int = 3, credit: dict | None = None, task: str = "products") -> Path:
-    """A finished run directory in the trainer's format with a known final Mean@k."""
+    """A finished run directory in the trainer's format with a known final Mean@k (``credit``
+    recorded as the trainer records it: ``config_to_dict``)."""
     path.mkdir(parents=True)
+    recorded = config_to_dict(load_config(None, [f"estimator={estimator}"] + [
+        f"credit.{key}={value}" for key, value in (credit or {}).items()]))["credit"]
     (path / "config.yaml").write_text(yaml.safe_dump({
-        "model": "tiny-random", "task": task, "estimator": estimator, "credit": credit or {},
+        "model": "tiny-random", "task": task, "estimator": estimator, "credit": recorded,
         "steps": steps, "seed": seed, "eval": {"k": k}}))
     records = [{"step": 0, f"eval/mean@{k}": 0.3, f"eval/pass@{k}": 0.6}]
     records += [{"step": s, "reward_mean": final * s / steps, "time/step": 1.0}

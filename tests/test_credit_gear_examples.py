@@ -30,7 +30,7 @@ MASK1 = [[1, 1, 1, 0, 0, 1, 1, 1]]
 ONSETS1 = [-1, 1, 1, -1, -1, 1, 1, 7]
 
 
-def example1(advantage: float, config: GEARConfig = GEARConfig()):  # noqa: B008
+def example1(advantage: float, config: GEARConfig = GEARConfig(preset="paper")):  # noqa: B008
     return (torch.tensor([advantage]), t(DIV1), t(ENT1), t(MASK1), config)
 
 
@@ -58,7 +58,7 @@ def test_zero_advantage_gives_unit_weight_and_zero_output() -> None:
 
 
 def test_sign_unaware_always_down_weights() -> None:
-    out = gear_advantages(*example1(-2.0, GEARConfig(sign_aware=False)))
+    out = gear_advantages(*example1(-2.0, GEARConfig(preset="paper", sign_aware=False)))
     assert out[0].tolist() == pytest.approx([-3.0, -1.0, -1.0, 0.0, 0.0, -1.0, -1.0, -2.0])
 
 
@@ -72,9 +72,9 @@ def test_mean_preserving_keeps_grpo_mass() -> None:
 
 def test_alpha_and_beta() -> None:
     # alpha .4, beta unset -> beta = 1 - .2 = .8; with A > 0, W = .4 (1 - u) + .8
-    out = gear_weights(*example1(1.0, GEARConfig(alpha=0.4)))
+    out = gear_weights(*example1(1.0, GEARConfig(preset="paper", alpha=0.4)))
     assert out[0].tolist() == pytest.approx([1.2, 0.8, 0.8, 0, 0, 0.8, 0.8, 1.0])
-    out = gear_weights(*example1(1.0, GEARConfig(alpha=1.0, beta=0.0)))
+    out = gear_weights(*example1(1.0, GEARConfig(preset="paper", alpha=1.0, beta=0.0)))
     assert out[0].tolist() == pytest.approx([1.0, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.5])
 
 
@@ -91,13 +91,17 @@ def test_segment_to_last_policy_token_before_padding() -> None:
     ent = t([[2.0, 1.0, 1.0, 1.0, 0.0, 0.0]])
     mask = t([[1, 1, 1, 1, 0, 0]])
     assert gear_segments(div, ent, mask)[0].tolist() == [0, 0, 0, 0, -1, -1]
-    out = gear_advantages(torch.tensor([4.0]), div, ent, mask)
+    out = gear_advantages(torch.tensor([4.0]), div, ent, mask, GEARConfig(preset="paper"))
     assert out[0].tolist() == pytest.approx([2.0, 2.0, 2.0, 2.0, 0.0, 0.0])  # W = .5 everywhere
+    # mean_preserving (the default): W / mean(W) = 1 everywhere, GRPO's advantage
+    out = gear_advantages(torch.tensor([4.0]), div, ent, mask)
+    assert out[0].tolist() == pytest.approx([4.0, 4.0, 4.0, 4.0, 0.0, 0.0])
 
 
 def test_flat_divergence_normalises_to_zero() -> None:
     div = torch.full((1, 4), 0.7)
-    out = gear_advantages(torch.tensor([1.0]), div, torch.ones(1, 4), torch.ones(1, 4))
+    out = gear_advantages(torch.tensor([1.0]), div, torch.ones(1, 4), torch.ones(1, 4),
+                          GEARConfig(preset="paper"))
     assert out[0].tolist() == pytest.approx([1.5] * 4)  # u = 0 -> w = 1 -> W = 1.5
 
 
@@ -118,7 +122,7 @@ def test_all_masked_row_is_zero() -> None:
 ])
 def test_normalize_modes(normalize: str, expected: list[float]) -> None:
     # segmentation none: u = n, and A < 0 makes W = n + 0.5, so the weights show n
-    config = GEARConfig(normalize=normalize, segmentation="none")
+    config = GEARConfig(preset="paper", normalize=normalize, segmentation="none")
     w = gear_weights(torch.tensor([-1.0]), t([[1.0, 2.0, 4.0]]), torch.ones(1, 3),
                      torch.ones(1, 3), config)
     assert w[0].tolist() == pytest.approx([n + 0.5 for n in expected])
@@ -128,7 +132,7 @@ def test_kl_only_segments_run_spike_to_spike() -> None:
     div = t([[0.0, 0.5, 0.05, 0.0, 1.0, 0.0]])
     ent = torch.ones(1, 6)
     mask = torch.ones(1, 6)
-    kl_only = gear_segments(div, ent, mask, GEARConfig(segmentation="kl_only"))
+    kl_only = gear_segments(div, ent, mask, GEARConfig(preset="paper", segmentation="kl_only"))
     assert kl_only[0].tolist() == [-1, 1, 1, 1, 4, 4]
     # the default scan never terminates here (flat entropy), so the t=4 spike is inside
     assert gear_segments(div, ent, mask)[0].tolist() == [-1, 1, 1, 1, 1, 1]
@@ -140,7 +144,7 @@ def test_entropy_only_onsets_use_normalised_entropy() -> None:
     div = t([[0.0, 1.0, 0.0, 0.0]])
     ent = t([[0.1, 0.2, 1.0, 0.1]])
     mask = torch.ones(1, 4)
-    config = GEARConfig(segmentation="entropy_only")
+    config = GEARConfig(preset="paper", segmentation="entropy_only")
     assert gear_segments(div, ent, mask, config)[0].tolist() == [-1, 1, 1, -1]
     w = gear_weights(torch.tensor([1.0]), div, ent, mask, config)
     assert w[0].tolist() == pytest.approx([1.5, 0.5, 0.5, 1.5])
@@ -153,19 +157,20 @@ def test_entropy_window_smooths_termination() -> None:
     # default: t=2 (1.7 > 1.5) ends it
     assert gear_segments(div, ent, mask)[0].tolist() == [0, 0, 0, -1, -1, -1]
     # window 2: means 1.0, 1.35, 1.45, 1.6 -> ends at t=4
-    config = GEARConfig(segmentation="entropy_window", window=2)
+    config = GEARConfig(preset="paper", segmentation="entropy_window", window=2)
     assert gear_segments(div, ent, mask, config)[0].tolist() == [0, 0, 0, 0, 0, -1]
 
 
 def test_token_level_has_no_segments() -> None:
     div, ent, mask = t(DIV1), t(ENT1), t(MASK1)
-    assert (gear_segments(div, ent, mask, GEARConfig(segmentation="none")) == -1).all()
+    config = GEARConfig(preset="paper", segmentation="none")
+    assert (gear_segments(div, ent, mask, config) == -1).all()
 
 
 def test_reference_matches_the_hand_examples() -> None:
     for adv in (2.0, -2.0, 0.0):
-        for config in (GEARConfig(), GEARConfig(mean_preserving=True),
-                       GEARConfig(segmentation="kl_only")):
+        for config in (GEARConfig(preset="paper"), GEARConfig(mean_preserving=True),
+                       GEARConfig(preset="paper", segmentation="kl_only")):
             args = example1(adv, config)
             assert torch.allclose(gear_advantages(*args).double(),
                                   gear_advantages_reference(*args), atol=1e-6)
@@ -201,7 +206,8 @@ def test_bad_value_on_a_long_row_names_it_and_its_row(position: int, field: str,
     {"divergence": div, "entropy": ent, "mask": mask}[field][2, position] = value
     for segmentation in ("kl_entropy", "entropy_window"):
         with pytest.raises(ValueError, match=f"{match} \\(row 2"):
-            gear_advantages(torch.ones(3), div, ent, mask, GEARConfig(segmentation=segmentation))
+            gear_advantages(torch.ones(3), div, ent, mask,
+                            GEARConfig(preset="paper", segmentation=segmentation))
     ent[2, position - 1] = float("nan")  # an earlier bad token decides
     with pytest.raises(ValueError, match="entropy contains NaN or inf \\(row 2"):
         gear_segments(div, ent, mask)
@@ -214,8 +220,8 @@ def test_skip_first_keeps_the_first_tokens_from_opening_and_from_the_range() -> 
     div = torch.tensor([[9.0, 5.0, 0.1, 0.15, 1.0, 0.1]])
     ent = torch.tensor([[1.0, 3.0, 2.0, 2.0, 1.0, 2.0]])
     mask = torch.tensor([[0.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
-    plain = GEARConfig()
-    skip = GEARConfig(skip_first=1)
+    plain = GEARConfig(preset="paper")
+    skip = GEARConfig(preset="paper", skip_first=1)
     # without: token 1 (n = 1) opens a segment whose threshold 4.5 no later entropy exceeds
     assert gear_segments(div, ent, mask, plain).tolist() == [[-1, 1, 1, 1, 1, 1]]
     # with: token 1 takes the row's other minimum (0.1): token 4 (n = 1) opens, and token 5
@@ -227,10 +233,11 @@ def test_skip_first_keeps_the_first_tokens_from_opening_and_from_the_range() -> 
     assert torch.equal(gear_advantages(torch.ones(1), div, ent, mask, skip),
                        gear_advantages_reference(torch.ones(1), div, ent, mask, skip).float())
     # a row with only skipped policy tokens gets n = 0 there; a bad value there is still found
-    assert gear_weights(-torch.ones(1), div, ent, mask, GEARConfig(skip_first=9)).tolist() == [
+    all_skipped = GEARConfig(preset="paper", skip_first=9)
+    assert gear_weights(-torch.ones(1), div, ent, mask, all_skipped).tolist() == [
         [0.0] + [0.5] * 5]
     div[0, 1] = float("nan")
     with pytest.raises(ValueError, match="divergence contains NaN"):
         gear_advantages(torch.ones(1), div, ent, mask, skip)
     with pytest.raises(ValueError, match="skip_first must be an integer >= 0"):
-        GEARConfig(skip_first=-1)
+        GEARConfig(preset="paper", skip_first=-1)

@@ -1,4 +1,5 @@
-"""``credit.preset``: the paper-literal GEAR reading by name (issue 16)."""
+"""``credit.preset``: the paper-literal GEAR reading by name (issue 16), and GEAR's one default
+beyond the paper, ``mean_preserving`` (issue 39), everywhere GEAR is configured."""
 
 from __future__ import annotations
 
@@ -26,6 +27,29 @@ def test_paper_preset_is_the_literal_reading_and_explicit_fields_win() -> None:
     assert (mixed.lambda_h, mixed.alpha, mixed.normalize) == (1.5, 1.0, "minmax")
     with pytest.raises(ValueError, match="preset must be one of"):
         GEARConfig(preset="nope")
+
+
+def test_mean_preserving_is_the_default_of_every_gear_name() -> None:
+    """On by default under every GEAR name (issue 39's rule), off under ``preset=paper``, and
+    an explicit value wins either way."""
+    assert GEARConfig().mean_preserving is True
+    assert GEARConfig(mean_preserving=False).mean_preserving is False
+    assert GEARConfig(preset="paper", mean_preserving=True).mean_preserving is True
+    for name in ("gear", "gear_token_kl", "gear_kl_only", "gear_entropy_only",
+                 "gear_entropy_window", "gear_signed", "gear_steps"):
+        estimator = get_estimator(name)
+        assert estimator.make_config().mean_preserving is True, name
+        assert estimator.make_config(preset="paper").mean_preserving is False, name
+    assert load_config(None, ["model=tiny-random"]).credit_config().mean_preserving is True
+
+
+def test_train_help_shows_the_default_as_it_resolves(capsys) -> None:
+    """``gear-rl train --help`` shows ``credit.mean_preserving = true`` (its field default is
+    None, "not set")."""
+    from gear_rl.cli import main
+
+    assert main(["train", "estimator=gear_kl_only", "--help"]) == 0
+    assert "credit.mean_preserving = true" in capsys.readouterr().out
 
 
 def test_a_preset_sets_the_fields_left_at_their_defaults(monkeypatch) -> None:
@@ -72,3 +96,7 @@ def test_trainer_and_trl_read_credit_preset(tmp_path) -> None:
                                   report_to=[])
     assert trl_config.credit_config.preset == "paper"
     assert trl_config.credit_config.alpha == 0.5
+    assert trl_config.credit_config.mean_preserving is False
+    default = CreditGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False,
+                               estimator="gear", report_to=[])
+    assert default.credit_config.mean_preserving is True

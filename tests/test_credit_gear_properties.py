@@ -108,9 +108,10 @@ def test_zero_where_masked_and_finite(batch: tuple[torch.Tensor, ...],
 @SETTINGS
 @given(batches(), st.sampled_from(SEGMENTATION_MODES))
 def test_sign_aware_direction(batch: tuple[torch.Tensor, ...], segmentation: str) -> None:
-    """A high-divergence onset (score > 0.5) gets W < 1 when A > 0 and W > 1 when A < 0."""
+    """A high-divergence onset (score > 0.5) gets W < 1 when A > 0 and W > 1 when A < 0: the
+    paper's W (``preset=paper``; the default ``mean_preserving`` rescales each row by 1/mean)."""
     _, div, ent, mask = batch
-    config = GEARConfig(segmentation=segmentation, lambda_kl=0.5)
+    config = GEARConfig(preset="paper", segmentation=segmentation, lambda_kl=0.5)
     rows = div.shape[0]
     pos = gear_advantages(torch.ones(rows), div, ent, mask, config)
     neg = gear_advantages(-torch.ones(rows), div, ent, mask, config)

@@ -51,7 +51,7 @@ def test_hand_computed_row() -> None:
     ent = torch.tensor([[1.0, 1.0, 1.2, 3.0, 1.0]])  # 3.0 > 1.5 * 1.0 ends the segment at 3
     mask = torch.ones(1, 5)
     ratio = torch.tensor([[0.5, 2.0, -1.0, -3.0, 0.0]])
-    config = GEARConfig(score="log_ratio")
+    config = GEARConfig(preset="paper", score="log_ratio")  # the paper's W, not rescaled
     assert gear_segments(div, ent, mask, config).tolist() == [[-1, 1, 1, 1, -1]]
 
     def weight(r: float) -> float:
@@ -74,8 +74,9 @@ def test_deciding_token_of_a_correct_answer_gains() -> None:
     ratio = torch.tensor([[0.0, 0.0, 2.5, 0.1, 0.0]])
     mask = torch.ones(1, 5)
     a = torch.tensor([1.0])
-    plain = gear_advantages(a, div, ent, mask, GEARConfig())
-    signed = gear_signed_advantages(a, div, ent, ratio, mask, GEARConfig(score="log_ratio"))
+    plain = gear_advantages(a, div, ent, mask, GEARConfig(preset="paper"))
+    signed = gear_signed_advantages(a, div, ent, ratio, mask,
+                                    GEARConfig(preset="paper", score="log_ratio"))
     assert int(plain[0].argmin()) == 2
     assert int(signed[0].argmax()) == 2 and float(signed[0, 2]) > 1.4
 

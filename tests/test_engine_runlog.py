@@ -136,7 +136,9 @@ def test_trl_run_log_holds_the_credit_the_loss_used(trl_run) -> None:
     out, handed = trl_run
     run = load_run(out)
     assert run.engine == "trl" and run.estimator == "gear" and run.seed == 0
-    assert run.config["credit"] == {"lambda_kl": 0.05} and run.config["steps"] == 2
+    # mean_preserving, whose default changed after runs were first recorded, is written out
+    assert run.config["credit"] == {"lambda_kl": 0.05, "mean_preserving": True}
+    assert run.config["steps"] == 2
     assert run.config["rollout"]["samples_per_prompt"] == NUM_GENERATIONS
     assert run.config["trl"]["num_generations"] == NUM_GENERATIONS
     # the unnamed dataset by its content hash (the same rows: the same name)

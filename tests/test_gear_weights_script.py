@@ -21,7 +21,8 @@ def _run(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
 
 def _write_run(run_dir: Path, records: list[dict]) -> None:
     run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"credit": {}}))
+    # recorded before mean_preserving became GEAR's default: read as False, what it trained with
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"estimator": "gear", "credit": {}}))
     (run_dir / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 

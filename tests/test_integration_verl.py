@@ -181,6 +181,10 @@ def test_settings_parse_and_reject_bad_keys() -> None:
     assert settings.config.lambda_kl == 0.3 and settings.divergence == "k3"
     assert settings.teacher_prompt.placement == "system" and settings.needs_teacher
     assert not settings_from_algorithm(_algorithm("top_entropy")).needs_teacher
+    # GEAR's default mean_preserving (issue 39) reaches verl; the paper preset turns it off
+    assert settings.config.mean_preserving is True
+    assert settings_from_algorithm(_algorithm("gear", preset="paper")).config.mean_preserving \
+        is False
     # verl's norm_adv_by_std_in_grpo carries over where the estimator does not pin it.
     off = OmegaConf.create({"adv_estimator": "gear", "norm_adv_by_std_in_grpo": False})
     assert settings_from_algorithm(off).config.norm_by_std is False

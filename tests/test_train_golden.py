@@ -29,6 +29,8 @@ GOLDEN = {
         {"reward_mean": 0.125, "adv_abs_mean": 0.3749992251396179, "loss": 0.0,
          "grad_norm": 4.476151466369629, "weight_mean_pos": 1.0, "weight_mean_neg": 1.0},
     ],
+    # recorded with GEAR's default of that day, the paper-literal reading (mean_preserving off,
+    # the default since issue 39): ARGS pins it
     "gear": [
         {"reward_mean": 0.5, "adv_abs_mean": 0.8534805178642273, "loss": -0.169234961271286,
          "grad_norm": 5.4895195960998535, "weight_mean_pos": 1.1809321227821798,
@@ -40,13 +42,14 @@ GOLDEN = {
 }
 EXACT = ("reward_mean",)
 FP32 = ("seed=0", "precision=fp32", "rollout.dtype=fp32", "log.samples_per_step=0")
+ARGS = {"grpo": (), "gear": ("credit.mean_preserving=false",)}
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 3, 16])
 @pytest.mark.parametrize("estimator", sorted(GOLDEN))
 def test_first_steps_match_recorded_values(tmp_path, estimator: str,
                                            micro_batch_size: int) -> None:
-    trainer = tiny_trainer(tmp_path / "run", f"estimator={estimator}", *FP32,
+    trainer = tiny_trainer(tmp_path / "run", f"estimator={estimator}", *FP32, *ARGS[estimator],
                            f"loss.micro_batch_size={micro_batch_size}")
     trainer.train()
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
@@ -59,6 +62,22 @@ def test_first_steps_match_recorded_values(tmp_path, estimator: str,
                 assert record[key] == pytest.approx(value, abs=1e-6), (step, key)
             else:
                 assert record[key] == pytest.approx(value, rel=1e-4), (step, key)
+
+
+def test_default_gear_keeps_the_paper_segments_with_mean_weight_one(tmp_path) -> None:
+    """GEAR's default (mean_preserving, issue 39) on the golden run: the rollouts and segments
+    of the paper-literal reading (same rewards, same share of tokens in segments), and a mean
+    weight of 1 on each sign, where the paper's reading has the recorded asymmetry."""
+    trainer = tiny_trainer(tmp_path / "run", "estimator=gear", *FP32)
+    trainer.train()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(logged) == 2
+    first, expected = logged[0], GOLDEN["gear"][0]
+    assert first["reward_mean"] == expected["reward_mean"]
+    assert first["segment_frac"] == pytest.approx(expected["segment_frac"], rel=1e-6)
+    assert first["weight_mean_pos"] == pytest.approx(1.0, abs=1e-5)
+    assert first["weight_mean_neg"] == pytest.approx(1.0, abs=1e-5)
+    assert abs(expected["weight_mean_pos"] - 1) > 0.1  # the asymmetry it removes
 
 
 def _run_step(trainer, monkeypatch) -> tuple:

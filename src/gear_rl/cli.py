@@ -85,8 +85,13 @@ def _train_help(argv: list[str]) -> str:
     lines = [_TRAIN_USAGE, f"estimator={estimator.name}: {estimator.description}{paper}",
              "credit keys (credit.KEY=VALUE):"]
     docs = field_docs(estimator.config_cls)
+    try:  # each key's default as it resolves (a None that means "not set" shows its value)
+        resolved = estimator.make_config()
+    except (TypeError, ValueError):
+        resolved = None
     for name, credit_field in estimator.config_fields().items():
-        lines.extend(_key_lines(f"credit.{name}", field_default(credit_field), docs[name]))
+        default = field_default(credit_field) if resolved is None else getattr(resolved, name)
+        lines.extend(_key_lines(f"credit.{name}", default, docs[name]))
     lines.extend(f"  (credit.{name} is pinned to {_shown(value)} by this estimator's name)"
                  for name, value in estimator.fixed.items())
     names = estimator_names()
@@ -235,6 +240,7 @@ def _eval(argv: list[str]) -> int:
         if target is not None:
             from pathlib import Path
 
+            from gear_rl.credit.registry import upgrade_recorded_config
             from gear_rl.rundir import RunDir
             from gear_rl.train.config import config_from_dict
 
@@ -246,7 +252,7 @@ def _eval(argv: list[str]) -> int:
                         if (path / "config.json").is_file() else "")
                 raise ValueError(f"{target} is not a gear-rl run directory or checkpoint "
                                  f"folder{hint}")
-            config = config_from_dict(run.read_config())
+            config = config_from_dict(upgrade_recorded_config(run.read_config()))
             config.resume = None
             config_from_dict(parsed, config)
             config.validate()

@@ -32,6 +32,7 @@ import torch
 
 from gear_rl.credit import CreditBatch, Estimator, gear_segments
 from gear_rl.credit.diagnostics import DIAGNOSTIC_NAMES, reference_outcome, token_weights
+from gear_rl.credit.registry import record_credit_defaults
 from gear_rl.dataclass_config import check_int
 from gear_rl.rundir import RunDir
 
@@ -281,7 +282,9 @@ class EngineRunLog:
             if first_step > 1 and self.run.is_run():
                 self.run.truncate_logs(first_step - 1)
             else:
-                self.run.create({"engine": engine, **config}, {"engine": engine, **info})
+                # a default that changed since runs were first recorded is written out
+                self.run.create({"engine": engine, **record_credit_defaults(config)},
+                                {"engine": engine, **info})
                 self.run.summary_path.unlink(missing_ok=True)
         except BaseException:
             self.run.unlock()

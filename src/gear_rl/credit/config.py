@@ -17,14 +17,15 @@ TOP_ENTROPY_SELECTIONS = ("batch", "micro_batch")
 # Named GEAR readings (``credit.preset=NAME``): the fields each sets where it differs from
 # GEARConfig's defaults, which stay the one home of every other value. ``paper``: the literal
 # reading of arXiv 2605.11853 that docs/design.md specifies (steps 3-7; with
-# ``signals.divergence=full``, the trainer's default), nothing beyond the paper. It sets
-# nothing because the defaults are that reading today: issue 16's credit checks found no other
-# reading that follows the Monte-Carlo truth better at both the initial weights and a trained
-# checkpoint (docs/credit_check.md). The name keeps the literal reading reachable: a default
-# that ever moves away from the paper puts the paper's value for that field here
+# ``signals.divergence=full``, the trainer's default), nothing beyond the paper. The defaults
+# are that reading in every field but one: ``mean_preserving``, on by default since issue 39's
+# control study applied the rule it wrote before its cells (studies/credit_control.yaml,
+# "GEAR's default"), so the preset turns it off. Issue 16's credit checks found no other
+# reading that follows the Monte-Carlo truth better (docs/credit_check.md). A default that
+# ever moves away from the paper puts the paper's value for that field here
 # (tests/test_credit_gear_preset.py holds the preset to the paper's numbers).
 GEAR_PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
+    "paper": {"mean_preserving": False},
 }
 
 
@@ -82,7 +83,10 @@ class GEARConfig(OutcomeConfig):
         sign_aware: ``w = 1 - u`` for ``A > 0`` and ``w = u`` for ``A < 0`` (step 6); ``False``
             makes high divergence always down-weight (``w = 1 - u`` for every sign).
         mean_preserving: divide ``W`` by its mean over the trajectory's policy tokens, so the
-            trajectory keeps GRPO's total advantage mass (beyond the paper; off by default).
+            trajectory keeps GRPO's total advantage mass (beyond the paper). None (not set):
+            the preset's value if it sets one (``paper``: False), else True, the default since
+            issue 39 (studies/credit_control.yaml; runs recorded before it read as False:
+            :data:`gear_rl.credit.registry.CHANGED_CREDIT_DEFAULTS`).
         score: what a token's score ``u_t`` (step 5) is read from. ``divergence`` (GEAR): the
             normalised divergence ``n``. ``log_ratio`` (beyond the paper; estimator
             ``gear_signed``, issue 16): the segments are found as usual, but the score is the
@@ -96,9 +100,10 @@ class GEARConfig(OutcomeConfig):
             over the trajectory's other policy tokens before step 3 (so ``n = 0`` there with
             ``minmax``; the paper notes that early non-reasoning tokens carry large,
             uninformative divergence). 0 (default): every token counts.
-        preset: a named reading (:data:`GEAR_PRESETS`; ``paper``: the literal reading, today
-            the defaults above) whose values every field left at its default takes; fields
-            given other values keep them. None: the defaults above.
+        preset: a named reading (:data:`GEAR_PRESETS`; ``paper``: the literal reading, the
+            defaults above with ``mean_preserving`` off) whose values every field left at its
+            default takes; fields given other values keep them (``mean_preserving``, whose
+            default is None, keeps an explicit True too). None: the defaults above.
     """
 
     lambda_kl: float = 0.1
@@ -109,7 +114,7 @@ class GEARConfig(OutcomeConfig):
     segmentation: str = "kl_entropy"
     window: int = 8
     sign_aware: bool = True
-    mean_preserving: bool = False
+    mean_preserving: bool | None = None
     score: str = "divergence"
     skip_first: int = 0
     preset: str | None = None
@@ -124,6 +129,8 @@ class GEARConfig(OutcomeConfig):
             for name, value in GEAR_PRESETS[self.preset].items():
                 if getattr(self, name) == defaults[name]:  # not set: the preset's value
                     object.__setattr__(self, name, value)
+        if self.mean_preserving is None:  # not set, and no preset sets it: the default
+            object.__setattr__(self, "mean_preserving", True)
         for name in ("lambda_kl", "lambda_h", "alpha"):
             _finite(name, getattr(self, name))
         if self.beta is not None:

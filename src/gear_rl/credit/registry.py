@@ -42,14 +42,18 @@ from gear_rl.credit._validate import check_batch_size, check_mask
 from gear_rl.credit.batch import CreditBatch
 
 __all__ = [
+    "CHANGED_CREDIT_DEFAULTS",
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "SIGNAL_FIELDS",
     "Estimator",
+    "changed_credit_fields",
     "estimator_names",
     "get_estimator",
     "load_plugins",
+    "record_credit_defaults",
     "register_estimator",
+    "upgrade_recorded_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -358,3 +362,64 @@ def estimator_names(*, step_level: bool | None = None) -> list[str]:
     _load_entry_points()
     return sorted(n for n, e in _REGISTRY.items()
                   if step_level is None or e.step_level == step_level)
+
+
+# Defaults of an estimator's config that changed after runs had recorded configs: each as
+# (field, the value every run recorded before the change used, the change). A run's
+# ``config.yaml`` (and a checkpoint's ``state.json``) records ``credit`` as it was given, so a
+# field left out there meant the default of its day. record_credit_defaults writes each such
+# field's resolved value into a config about to be recorded (the trainer's config_to_dict, the
+# TRL and verl run logs: every run recorded since says it), and upgrade_recorded_config reads a
+# recorded config without it as the old value (every reader of a run's config.yaml that
+# interprets it); so a run resumed, a study cell matched or a run labelled after the change
+# keeps what it trained with.
+CHANGED_CREDIT_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
+    ("mean_preserving", False,
+     "GEAR's default since issue 39 (studies/credit_control.yaml, 'GEAR's default')"),
+)
+
+
+def changed_credit_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`CHANGED_CREDIT_DEFAULTS` fields (by name, with their old values) that the
+    estimator a run config ``data`` names (``estimator``, its ``plugins`` imported first) has
+    as settable config fields; {} where that estimator cannot be found (validation says why)."""
+    try:
+        load_plugins(data.get("plugins") or ())
+        estimator = get_estimator(str(data.get("estimator")))
+    except (TypeError, ValueError):
+        return {}
+    own = {f.name for f in dataclasses.fields(estimator.config_cls)}
+    return {name: old for name, old, _ in CHANGED_CREDIT_DEFAULTS
+            if name in own and name not in estimator.fixed}
+
+
+def record_credit_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a run config about to be recorded: ``estimator``, ``plugins``, ``credit``)
+    with each field of :data:`CHANGED_CREDIT_DEFAULTS` its ``credit`` leaves out set to the
+    value it resolves to (the estimator's default, or its preset's); unchanged where that
+    config does not build (validation says why)."""
+    credit = data.get("credit")
+    if not isinstance(credit, Mapping):
+        return dict(data)
+    missing = [name for name in changed_credit_fields(data) if name not in credit]
+    if not missing:
+        return dict(data)
+    try:
+        built = get_estimator(str(data.get("estimator"))).make_config(**credit)
+    except (TypeError, ValueError):
+        return dict(data)
+    return {**data, "credit": {**credit, **{name: getattr(built, name) for name in missing}}}
+
+
+def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config a run recorded (``config.yaml``, a checkpoint's ``state.json``: a
+    :func:`gear_rl.train.config.config_to_dict` dict of its day) as this version must read
+    it: each field of :data:`CHANGED_CREDIT_DEFAULTS` its ``credit`` leaves out takes the
+    value it had before the change (runs recorded since write it out). Anything else is
+    returned as it is."""
+    credit = data.get("credit")
+    if not isinstance(credit, Mapping):
+        return dict(data)
+    missing = {name: old for name, old in changed_credit_fields(data).items()
+               if name not in credit}
+    return {**data, "credit": {**credit, **missing}} if missing else dict(data)

@@ -48,6 +48,7 @@ from gear_rl.agent.loop import EpisodePrefix
 from gear_rl.credit import CreditBatch, Estimator, estimator_names, gear_segments, get_estimator
 from gear_rl.credit.config import OutcomeConfig
 from gear_rl.credit.grpo import outcome_advantages
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.credit_check.config import CreditCheckConfig, Variant
 from gear_rl.credit_check.output import write_outputs
 from gear_rl.credit_check.scores import (
@@ -265,7 +266,7 @@ def run_check_config(run_dir: str | Path, overrides: dict[str, Any] | None = Non
         raise ValueError(f"{run.path} has no intact checkpoint (the run stopped before its "
                          "first one?); to check the run's starting weights pass model=... "
                          "task=... instead of the run directory")
-    config = config_from_dict(run.read_config())
+    config = config_from_dict(upgrade_recorded_config(run.read_config()))
     config.resume = None
     config.out = None
     allowed = ("device", "threads", "precision", "rollout.batch_size", "signals.batch_size",

@@ -23,12 +23,14 @@ checks its cells with the pieces here (:data:`COMPARABLE`, :func:`mismatched_con
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.credit import get_estimator
 from gear_rl.dataclass_config import check_output_folder
 from gear_rl.figures import Plot, band_plot, figure_png
 from gear_rl.report.data import RunData, eval_keys, load_run
@@ -158,11 +160,16 @@ class Comparison:
 
 
 def _label(run: RunData) -> str:
+    """The run's estimator, with each ``credit`` field whose value differs from that
+    estimator's default today (all of them, for an estimator not registered here)."""
     credit = run.config.get("credit") or {}
-    if not credit:
-        return run.estimator
-    knobs = ",".join(f"{k}={v}" for k, v in sorted(credit.items()))
-    return f"{run.estimator}[{knobs}]"
+    try:
+        defaults = dataclasses.asdict(get_estimator(run.estimator).make_config())
+    except (TypeError, ValueError):
+        defaults = {}
+    knobs = ",".join(f"{k}={v}" for k, v in sorted(credit.items())
+                     if k not in defaults or defaults[k] != v)
+    return f"{run.estimator}[{knobs}]" if knobs else run.estimator
 
 
 def _metric_key(runs: list[RunData]) -> str:

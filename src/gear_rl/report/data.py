@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.credit.config import GEARConfig
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.credit.segments import normalize_reference
 from gear_rl.dataclass_config import check_folder
 from gear_rl.rundir import CONFIG, CREDIT_CHECK_DIR, CREDIT_CHECK_JSON, METRICS, RunDir
@@ -129,7 +130,9 @@ def load_run(run_dir: str | Path) -> RunData:
         info = run.read_info()
     except ValueError:  # the facts are shown, not needed: a damaged run.json hides them
         info = {}
-    return RunData(path=path, config=run.read_config(), metrics=run.read_metrics(),
+    # a credit default changed since the run was recorded reads as what it trained with
+    return RunData(path=path, config=upgrade_recorded_config(run.read_config()),
+                   metrics=run.read_metrics(),
                    samples=samples, summary=run.read_summary(), credit_check=checked,
                    credit_check_step=step, info=info)
 

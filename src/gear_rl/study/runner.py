@@ -36,6 +36,8 @@ from typing import IO, Any
 
 import yaml
 
+from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS, upgrade_recorded_config
+from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
@@ -185,17 +187,22 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
     run = RunDir(run_dir)
     if not run.is_run():
         return "new"
-    saved = run.read_config()
+    saved = upgrade_recorded_config(run.read_config())
     with contextlib.suppress(ValueError):  # a key this version does not know: a difference
         saved = config_to_dict(config_from_dict(saved))
     saved = {k: v for k, v in saved.items() if k not in ignore}
     expected = {k: v for k, v in wanted.items() if k not in ignore}
     if saved != expected:
         state = "a finished" if run.finished() else "an interrupted"
-        changed = sorted(k for k in expected.keys() | saved.keys()
-                         if saved.get(k) != expected.get(k))
+        then, now = flatten_keys(saved), flatten_keys(expected)
+        changed = sorted(k for k in then.keys() | now.keys() if then.get(k) != now.get(k))
+        defaults = {f"credit.{name}" for name, _, _ in CHANGED_CREDIT_DEFAULTS}
+        hint = "".join(f"; {key}: {then.get(key)!r} in the run, {now.get(key)!r} now (its "
+                       "default changed since runs that left it out: give "
+                       f"{key}={then.get(key)!r} to keep this run)"
+                       for key in changed if key in defaults)
         raise ValueError(f"{run_dir} holds {state} run with another config (differs in "
-                         f"{changed})")
+                         f"{changed}{hint})")
     return run.state()
 
 

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
+from gear_rl.credit.registry import record_credit_defaults
 from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
@@ -616,8 +617,11 @@ def _retired_tensorboard_key(data: Mapping[str, Any]
 
 
 def config_to_dict(config: TrainConfig) -> dict[str, Any]:
-    """Plain nested dict (YAML/JSON-ready) of ``config``."""
-    return dataclasses.asdict(config)
+    """Plain nested dict (YAML/JSON-ready) of ``config``, as a run records it: ``credit`` also
+    holds the resolved value of each field whose default changed since runs were first
+    recorded (:func:`~gear_rl.credit.registry.record_credit_defaults`), so the record keeps its
+    meaning."""
+    return record_credit_defaults(dataclasses.asdict(config))
 
 
 def apply_overrides(config: TrainConfig, items: Sequence[str]) -> TrainConfig:

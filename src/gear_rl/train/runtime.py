@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gear_rl.agent.loop import AgentLimits
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, file_sha256
 from gear_rl.sampling import SamplingParams, stop_token_ids
@@ -494,7 +495,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
             runtime.sync_sampler()
             step = int(state["step"])
             run.truncate_logs(step)
-            saved = run.read_config()
+            saved = upgrade_recorded_config(run.read_config())
             if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
                 run.write_config({**saved, "steps": config.steps})
         except BaseException:
@@ -533,8 +534,9 @@ def config_differences(before: dict[str, Any], after: dict[str, Any]) -> list[st
     """The keys outside :data:`RESUMABLE` where two configs (``config_to_dict`` dicts, or what
     ``config.yaml`` / a checkpoint's ``state.json`` hold) differ, as ``"key: A, then B"``. Both
     are read as this version reads a run's config: an option added since counts as its
-    default."""
+    default, a credit default changed since as its old value (``upgrade_recorded_config``)."""
     def normal(data: dict[str, Any]) -> dict[str, Any]:
+        data = upgrade_recorded_config(data)
         with contextlib.suppress(ValueError):  # a key this version does not know: a difference
             data = config_to_dict(config_from_dict(copy.deepcopy(data)))
         return flatten_keys(json.loads(json.dumps(data, default=str)))
@@ -644,7 +646,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     run = RunDir(run_dir)
     if not run.is_run():
         raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
-    config = config_from_dict(run.read_config())
+    config = config_from_dict(upgrade_recorded_config(run.read_config()))
     out = (overrides or {}).get("out")
     if out is not None and Path(str(out)).resolve() != run.path.resolve():
         raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "

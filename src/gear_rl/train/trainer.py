@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from gear_rl.credit import get_estimator
+from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.seeding import derive_seed
 from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
@@ -219,7 +220,8 @@ class Trainer:
         resumed run is left as it was."""
         config = self.config
         tracked = TrackedRun(self.run, self.run.read_info().get("run_id"), config.log.project,
-                             self.run.read_config(), self.start_step, bool(config.resume))
+                             upgrade_recorded_config(self.run.read_config()), self.start_step,
+                             bool(config.resume))
         try:
             return start_trackers(config.log.report_to, tracked)
         except BaseException:
