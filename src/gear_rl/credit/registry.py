@@ -47,7 +47,6 @@ __all__ = [
     "ESTIMATORS",
     "SIGNAL_FIELDS",
     "Estimator",
-    "changed_credit_fields",
     "estimator_names",
     "get_estimator",
     "load_plugins",
@@ -379,18 +378,23 @@ CHANGED_CREDIT_DEFAULTS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def changed_credit_fields(data: Mapping[str, Any]) -> dict[str, Any]:
-    """The :data:`CHANGED_CREDIT_DEFAULTS` fields (by name, with their old values) that the
-    estimator a run config ``data`` names (``estimator``, its ``plugins`` imported first) has
-    as settable config fields; {} where that estimator cannot be found (validation says why)."""
+def _left_out_changed_fields(data: Mapping[str, Any]
+                             ) -> tuple[Estimator | None, dict[str, Any]]:
+    """The estimator a run config ``data`` names (``estimator``, its ``plugins`` imported
+    first), and the :data:`CHANGED_CREDIT_DEFAULTS` fields (by name, with their old values)
+    that it has as settable config fields and ``data``'s ``credit`` leaves out; ``(None, {})``
+    where ``credit`` is not a mapping or the estimator cannot be found (validation says why)."""
+    credit = data.get("credit")
+    if not isinstance(credit, Mapping):
+        return None, {}
     try:
         load_plugins(data.get("plugins") or ())
         estimator = get_estimator(str(data.get("estimator")))
     except (TypeError, ValueError):
-        return {}
+        return None, {}
     own = {f.name for f in dataclasses.fields(estimator.config_cls)}
-    return {name: old for name, old, _ in CHANGED_CREDIT_DEFAULTS
-            if name in own and name not in estimator.fixed}
+    return estimator, {name: old for name, old, _ in CHANGED_CREDIT_DEFAULTS
+                       if name in own and name not in estimator.fixed and name not in credit}
 
 
 def record_credit_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -398,14 +402,12 @@ def record_credit_defaults(data: Mapping[str, Any]) -> dict[str, Any]:
     with each field of :data:`CHANGED_CREDIT_DEFAULTS` its ``credit`` leaves out set to the
     value it resolves to (the estimator's default, or its preset's); unchanged where that
     config does not build (validation says why)."""
-    credit = data.get("credit")
-    if not isinstance(credit, Mapping):
+    estimator, missing = _left_out_changed_fields(data)
+    if estimator is None or not missing:
         return dict(data)
-    missing = [name for name in changed_credit_fields(data) if name not in credit]
-    if not missing:
-        return dict(data)
+    credit = data["credit"]
     try:
-        built = get_estimator(str(data.get("estimator"))).make_config(**credit)
+        built = estimator.make_config(**credit)
     except (TypeError, ValueError):
         return dict(data)
     return {**data, "credit": {**credit, **{name: getattr(built, name) for name in missing}}}
@@ -417,9 +419,5 @@ def upgrade_recorded_config(data: Mapping[str, Any]) -> dict[str, Any]:
     it: each field of :data:`CHANGED_CREDIT_DEFAULTS` its ``credit`` leaves out takes the
     value it had before the change (runs recorded since write it out). Anything else is
     returned as it is."""
-    credit = data.get("credit")
-    if not isinstance(credit, Mapping):
-        return dict(data)
-    missing = {name: old for name, old in changed_credit_fields(data).items()
-               if name not in credit}
-    return {**data, "credit": {**credit, **missing}} if missing else dict(data)
+    _, missing = _left_out_changed_fields(data)
+    return {**data, "credit": {**data["credit"], **missing}} if missing else dict(data)
