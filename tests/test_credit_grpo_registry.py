@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,6 +201,22 @@ def test_declarations_say_what_each_estimator_is() -> None:
     for name, estimator in ESTIMATORS.items():
         assert estimator.description and estimator.paper, name
         assert estimator.fn.__module__.startswith("gear_rl.credit."), name
+
+
+def test_every_estimator_is_documented() -> None:
+    """docs/design.md's "how to add an estimator": one README table row per registered name,
+    and design.md's list of the registered names names it (an estimator added without them is
+    invisible to a reader)."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_0-9]+)` \|", readme, flags=re.MULTILINE))
+    design = (root / "docs" / "design.md").read_text()
+    listed = design[design.index("At the time of\nwriting they were"):]
+    listed = listed[:listed.index("The registry is authoritative.")]
+    named = set(re.findall(r"`([a-z_0-9]+)`", listed))
+    ablations = {"gear_token_kl", "gear_kl_only", "gear_entropy_only", "gear_entropy_window"}
+    assert set(ESTIMATORS) - rows == set(), "estimators without a README row"
+    assert set(ESTIMATORS) - named - ablations == set(), "estimators design.md does not list"
 
 
 def test_register_twice_raises_and_bad_declarations_raise() -> None:

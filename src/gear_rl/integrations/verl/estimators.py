@@ -55,9 +55,10 @@ METRIC_PREFIX = "gear/"
 
 
 def verl_estimator_names() -> list[str]:
-    """The registry estimators verl can run: token-level ones whose reward enters the loss and
-    that add no distillation loss (step-level ones need per-turn inputs verl's agent loop does not
-    pass; verl's actor has no self-distillation loss)."""
+    """The registry estimators verl can run: token-level ones whose reward enters the loss, that
+    add no distillation loss and need no Monte-Carlo values phase (step-level ones need per-turn
+    inputs verl's agent loop does not pass; verl's actor has no self-distillation loss; its step
+    cannot run continuations between scoring and the update): :meth:`Estimator.engine_limit`."""
     return [n for n in estimator_names(step_level=False)
             if verl_unsupported(get_estimator(n)) is None]
 
