@@ -240,9 +240,8 @@ def _eval(argv: list[str]) -> int:
         if target is not None:
             from pathlib import Path
 
-            from gear_rl.credit.registry import upgrade_recorded_config
             from gear_rl.rundir import RunDir
-            from gear_rl.train.config import config_from_dict
+            from gear_rl.train.config import config_from_dict, recorded_config
 
             path = Path(target)
             # a run directory, or one of its checkpoints/step-N folders
@@ -252,7 +251,7 @@ def _eval(argv: list[str]) -> int:
                         if (path / "config.json").is_file() else "")
                 raise ValueError(f"{target} is not a gear-rl run directory or checkpoint "
                                  f"folder{hint}")
-            config = config_from_dict(upgrade_recorded_config(run.read_config()))
+            config = recorded_config(run.read_config())
             config.resume = None
             config_from_dict(parsed, config)
             config.validate()

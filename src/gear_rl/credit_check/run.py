@@ -48,7 +48,6 @@ from gear_rl.agent.loop import EpisodePrefix
 from gear_rl.credit import CreditBatch, Estimator, estimator_names, gear_segments, get_estimator
 from gear_rl.credit.config import OutcomeConfig
 from gear_rl.credit.grpo import outcome_advantages
-from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.credit_check.config import CreditCheckConfig, Variant
 from gear_rl.credit_check.output import write_outputs
 from gear_rl.credit_check.scores import (
@@ -85,7 +84,7 @@ from gear_rl.seeding import sequence_seed
 from gear_rl.signals import TeacherPromptConfig
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task, load_task
-from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict
+from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict, recorded_config
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_reward_fn
 from gear_rl.train.export import read_export_info
 from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
@@ -266,7 +265,7 @@ def run_check_config(run_dir: str | Path, overrides: dict[str, Any] | None = Non
         raise ValueError(f"{run.path} has no intact checkpoint (the run stopped before its "
                          "first one?); to check the run's starting weights pass model=... "
                          "task=... instead of the run directory")
-    config = config_from_dict(upgrade_recorded_config(run.read_config()))
+    config = recorded_config(run.read_config())
     config.resume = None
     config.out = None
     allowed = ("device", "threads", "precision", "rollout.batch_size", "signals.batch_size",

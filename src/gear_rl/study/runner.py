@@ -40,7 +40,7 @@ from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS, upgrade_recorded_co
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
-from gear_rl.train.config import TrainConfig, config_from_dict, config_to_dict
+from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config
 from gear_rl.train.runtime import cpu_model
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
@@ -189,7 +189,7 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
         return "new"
     saved = upgrade_recorded_config(run.read_config())
     with contextlib.suppress(ValueError):  # a key this version does not know: a difference
-        saved = config_to_dict(config_from_dict(saved))
+        saved = config_to_dict(recorded_config(saved))
     saved = {k: v for k, v in saved.items() if k not in ignore}
     expected = {k: v for k, v in wanted.items() if k not in ignore}
     if saved != expected:

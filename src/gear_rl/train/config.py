@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit import Estimator, estimator_names, get_estimator, load_plugins
-from gear_rl.credit.registry import record_credit_defaults
+from gear_rl.credit.registry import record_credit_defaults, upgrade_recorded_config
 from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
@@ -584,6 +584,19 @@ def config_from_dict(data: Mapping[str, Any], base: TrainConfig | None = None, *
             config.log.report_to = (["tensorboard", *others] if tensorboard else others
                                     ) or ["none"]
     return config
+
+
+def recorded_config(data: Mapping[str, Any]) -> TrainConfig:
+    """The :class:`TrainConfig` a run recorded (its ``config.yaml``, a checkpoint's
+    ``state.json``), read as this version must read it: a credit default changed since the run
+    keeps the value it had then (:func:`~gear_rl.credit.registry.upgrade_recorded_config`), and
+    a retired key the run wrote in its day (``log.tensorboard``) is translated without the
+    deprecation warning, which is meant for whoever writes the key now, not for a run that
+    recorded it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="log.tensorboard is deprecated",
+                                category=FutureWarning)
+        return config_from_dict(upgrade_recorded_config(data))
 
 
 def _retired_tensorboard_key(data: Mapping[str, Any]

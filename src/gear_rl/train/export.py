@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.rundir import RunDir, fsync_folder, fsync_path
 
 __all__ = ["EXPORT_DTYPES", "EXPORT_INFO", "export_policy", "read_export_info"]
@@ -58,7 +57,7 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
     """
     from gear_rl.models import load_policy
     from gear_rl.train.checkpoint import read_checkpoint
-    from gear_rl.train.config import config_from_dict
+    from gear_rl.train.config import recorded_config
 
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {sorted(EXPORT_DTYPES)}")
@@ -81,7 +80,7 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
             steps = ", ".join(str(int(f.name.removeprefix("step-"))) for f in folders)
             raise ValueError(f"{run.path} has no checkpoint of step {step}; its checkpoints are "
                              f"of step {steps} (older ones are pruned: log.keep_checkpoints)")
-    config = config_from_dict(upgrade_recorded_config(run.read_config()))
+    config = recorded_config(run.read_config())
     model, tokenizer = load_policy(config.model, dtype=torch.float32, seed=config.seed)
     folder, state = read_checkpoint(target, model)
     wanted = EXPORT_DTYPES[dtype]

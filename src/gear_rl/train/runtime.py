@@ -34,6 +34,7 @@ from gear_rl.train.config import (
     TrainConfig,
     config_from_dict,
     config_to_dict,
+    recorded_config,
 )
 from gear_rl.train.episodes import task_turns
 
@@ -538,7 +539,7 @@ def config_differences(before: dict[str, Any], after: dict[str, Any]) -> list[st
     def normal(data: dict[str, Any]) -> dict[str, Any]:
         data = upgrade_recorded_config(data)
         with contextlib.suppress(ValueError):  # a key this version does not know: a difference
-            data = config_to_dict(config_from_dict(copy.deepcopy(data)))
+            data = config_to_dict(recorded_config(copy.deepcopy(data)))
         return flatten_keys(json.loads(json.dumps(data, default=str)))
 
     first, second = normal(before), normal(after)
@@ -646,7 +647,7 @@ def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) 
     run = RunDir(run_dir)
     if not run.is_run():
         raise ValueError(f"resume: {run_dir} has no config.yaml (not a gear-rl run directory)")
-    config = config_from_dict(upgrade_recorded_config(run.read_config()))
+    config = recorded_config(run.read_config())
     out = (overrides or {}).get("out")
     if out is not None and Path(str(out)).resolve() != run.path.resolve():
         raise ValueError(f"resume: a resumed run stays in its own folder ({run.path}); drop "
