@@ -1,7 +1,7 @@
 """Where the Monte-Carlo truth puts the credit on a task scored on the first number, and where
 each estimator puts it (issue 39, step 5).
 
-    python scripts/credit_concentration.py CREDIT_CHECK_JSON [--format markdown]
+    python scripts/credit_concentration.py CREDIT_CHECK_JSON > DIR/concentration.md
 
 For every trajectory of a credit check (``gear-rl credit-check ... out=DIR`` writes
 ``DIR/credit_check.json``) of a task with ``task_options.answer_rule=first_number``, the
