@@ -20,7 +20,6 @@ cell folder holding a run of another config stops the study before anything trai
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -36,11 +35,11 @@ from typing import IO, Any
 
 import yaml
 
-from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS, upgrade_recorded_config
+from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
-from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config
+from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
 from gear_rl.train.runtime import cpu_model
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
@@ -187,9 +186,7 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
     run = RunDir(run_dir)
     if not run.is_run():
         return "new"
-    saved = upgrade_recorded_config(run.read_config())
-    with contextlib.suppress(ValueError):  # a key this version does not know: a difference
-        saved = config_to_dict(recorded_config(saved))
+    saved = recorded_config_dict(run.read_config())
     saved = {k: v for k, v in saved.items() if k not in ignore}
     expected = {k: v for k, v in wanted.items() if k not in ignore}
     if saved != expected:

@@ -9,6 +9,7 @@ The generic machinery (overrides, YAML, type coercion, field descriptions, field
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 import warnings
@@ -593,10 +594,34 @@ def recorded_config(data: Mapping[str, Any]) -> TrainConfig:
     a retired key the run wrote in its day (``log.tensorboard``) is translated without the
     deprecation warning, which is meant for whoever writes the key now, not for a run that
     recorded it."""
+    return _config_as_recorded(upgrade_recorded_config(data))
+
+
+def recorded_config_dict(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A config a run recorded, in the form two configs are compared in (the study's cell
+    match, :func:`gear_rl.train.runtime.config_differences`): :func:`recorded_config` written
+    back by :func:`config_to_dict` (an option added since the run counts as its default), or,
+    where it no longer builds (a key this version does not know, a value it refuses), the
+    recorded dict with only the changed credit defaults filled in, so that the comparison shows
+    the difference instead of failing."""
+    upgraded = upgrade_recorded_config(data)
+    try:
+        return config_to_dict(_config_as_recorded(copy.deepcopy(upgraded)))
+    except ValueError:
+        return upgraded
+
+
+def _config_as_recorded(data: Mapping[str, Any]) -> TrainConfig:
+    """:func:`config_from_dict` of an upgraded recorded config, without the retired-key
+    warning (see :func:`recorded_config`)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="log.tensorboard is deprecated",
-                                category=FutureWarning)
-        return config_from_dict(upgrade_recorded_config(data))
+        warnings.filterwarnings("ignore", message=_RETIRED_TENSORBOARD, category=FutureWarning)
+        return config_from_dict(data)
+
+
+_RETIRED_TENSORBOARD = "log.tensorboard is deprecated"
+"""The start of the warning a config with the retired ``log.tensorboard`` key gets (and a run's
+recorded config does not: :func:`recorded_config`)."""
 
 
 def _retired_tensorboard_key(data: Mapping[str, Any]
@@ -623,7 +648,7 @@ def _retired_tensorboard_key(data: Mapping[str, Any]
     flags = {coerce("log.tensorboard", value, bool) for value in values}
     if len(flags) > 1:
         raise ValueError("config key 'log.tensorboard' is set twice, to true and to false")
-    warnings.warn("log.tensorboard is deprecated: use log.report_to (tensorboard, wandb, "
+    warnings.warn(f"{_RETIRED_TENSORBOARD}: use log.report_to (tensorboard, wandb, "
                   "trackio, a list of them, or none); log.tensorboard=false reads as "
                   "log.report_to=none", FutureWarning, stacklevel=1)
     return data, flags.pop(), sets_report_to

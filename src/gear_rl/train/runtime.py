@@ -35,6 +35,7 @@ from gear_rl.train.config import (
     config_from_dict,
     config_to_dict,
     recorded_config,
+    recorded_config_dict,
 )
 from gear_rl.train.episodes import task_turns
 
@@ -537,10 +538,7 @@ def config_differences(before: dict[str, Any], after: dict[str, Any]) -> list[st
     are read as this version reads a run's config: an option added since counts as its
     default, a credit default changed since as its old value (``upgrade_recorded_config``)."""
     def normal(data: dict[str, Any]) -> dict[str, Any]:
-        data = upgrade_recorded_config(data)
-        with contextlib.suppress(ValueError):  # a key this version does not know: a difference
-            data = config_to_dict(recorded_config(copy.deepcopy(data)))
-        return flatten_keys(json.loads(json.dumps(data, default=str)))
+        return flatten_keys(json.loads(json.dumps(recorded_config_dict(data), default=str)))
 
     first, second = normal(before), normal(after)
     return [f"{key}: {first.get(key)!r}, then {second.get(key)!r}"
