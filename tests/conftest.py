@@ -17,6 +17,19 @@ import pytest
 import torch
 
 
+@pytest.fixture(scope="session", autouse=True)
+def interruptible() -> Iterator[None]:
+    """Ctrl-C's usual handler for the whole suite, as a terminal gives it. A suite started in
+    the background by a non-interactive shell inherits SIGINT ignored: Python then installs no
+    KeyboardInterrupt handler, and the processes it starts inherit the ignore, so the
+    interrupts the Ctrl-C tests raise in process or send to a ``gear-rl`` subprocess would be
+    dropped. A handled signal is reset to its default at exec, so subprocesses get Python's
+    handler again."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:
     """Run a module's torch work on one intra-op thread. Tiny models gain nothing from more,

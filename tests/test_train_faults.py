@@ -38,13 +38,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def _interruptible() -> None:
-    """In the child: Ctrl-C's default action. A test suite started in the background by a
-    non-interactive shell inherits SIGINT ignored, and Python then installs no
-    KeyboardInterrupt handler: the interrupt these tests send would never arrive."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -126,8 +119,7 @@ def test_two_trainers_cannot_share_a_run_directory(tmp_path) -> None:
     out = tmp_path / "run"
     # the first trainer runs until it is interrupted, so it holds the folder throughout
     first = subprocess.Popen(_cli("steps=100000", f"out={out}"), env=_env(), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             preexec_fn=_interruptible)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         _wait_for(out / "config.yaml", first)
         second = subprocess.run(_cli("steps=4", f"out={out}"), env=_env(), text=True,
@@ -169,8 +161,7 @@ def test_resume_refuses_another_out(tmp_path) -> None:
 def test_ctrl_c_exits_cleanly_and_says_how_to_resume(tmp_path) -> None:
     out = tmp_path / "run"
     process = subprocess.Popen(_cli("steps=50", f"out={out}"), env=_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               preexec_fn=_interruptible)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for(out / "checkpoints" / "latest", process)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
