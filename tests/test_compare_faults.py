@@ -221,7 +221,9 @@ def test_an_interrupted_comparison_resumes_its_runs(tmp_path: Path, monkeypatch,
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert lines[0] == step_1[0]  # step 1 (its wall time included) is the interrupted run's
     assert "eval/mean@2" in json.loads(lines[1])
-    assert (run / "run.json").read_text() == run_info
+    resumed_info = json.loads((run / "run.json").read_text())  # the same run, resumed once
+    assert [entry["step"] for entry in resumed_info.pop("resumes")] == [1]
+    assert resumed_info == json.loads(run_info)
     assert (run / "summary.json").is_file()
     saved = json.loads((out / "compare.json").read_text())
     assert saved["methods"][0]["runs"] == [str(run)] and saved["unfinished"] == []

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -149,6 +151,34 @@ def test_half_written_last_metrics_line_is_dropped_on_resume(tmp_path) -> None:
     steps = [json.loads(line)["step"] for line in metrics.open()]
     assert steps == [1, 2, 3]
     assert "steps: 3" in (tmp_path / "run" / "config.yaml").read_text()  # written back
+
+
+def test_a_resume_records_where_it_trains_and_warns_when_that_changes(tmp_path) -> None:
+    """run.json keeps where each resume continued the run (step, processor, precision); a
+    resume under another processor or precision than the run's last says so, and the study
+    report groups the run under both."""
+    from gear_rl.rundir import RunDir, trained_on
+
+    run = RunDir(tmp_path / "run")
+    tiny_trainer(run.path, "estimator=grpo", "steps=1", "log.checkpoint_every=1").train()
+    started = run.read_info()
+    here = trained_on(started)
+    assert len(here) == 1 and here[0].startswith(f"{started['cpu']}, ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same machine: nothing to say
+        tiny_trainer(run.path, config=resume_config(run.path, {"steps": 2})).train()
+    (resume,) = run.read_info()["resumes"]
+    assert resume["step"] == 1 and resume["cpu"] == started["cpu"]
+    assert resume["autocast_bf16"] == started["autocast_bf16"]
+    assert trained_on(run.read_info()) == here
+    other = {"cpu": "Another CPU", "autocast_bf16": True}  # as if both ran elsewhere
+    elsewhere = {**run.read_info(), **other, "resumes": [{**resume, **other}]}
+    (run.path / "run.json").write_text(json.dumps(elsewhere))
+    with pytest.warns(UserWarning, match=r"trained up to step 2 on Another CPU, bf16 autocast "
+                                         rf"and continues on {re.escape(here[0])}"):
+        tiny_trainer(run.path, config=resume_config(run.path, {"steps": 3})).train()
+    assert [r["step"] for r in run.read_info()["resumes"]] == [1, 2]
+    assert trained_on(run.read_info()) == ["Another CPU, bf16 autocast", here[0]]
 
 
 def test_resume_refuses_another_out(tmp_path) -> None:

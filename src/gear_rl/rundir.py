@@ -5,7 +5,8 @@ A run of ``gear-rl train`` lives in one folder::
     RUN_DIR/
       config.yaml         the resolved TrainConfig (what resume and compare read)
       run.json            facts of the run (its run_id, the fingerprint of its data files and
-                          problems, task sizes, device, dtypes, torch version, argv)
+                          problems, task sizes, device, processor, dtypes, torch version,
+                          argv; ``resumes``: where each resume continued it)
       metrics.jsonl       one JSON object per step (and per evaluation)
       samples.jsonl       a few trajectories per step with their per-token signals
       summary.json        written when the run finishes (its absence marks an unfinished run)
@@ -68,7 +69,9 @@ __all__ = [
     "file_sha256",
     "fsync_folder",
     "fsync_path",
+    "machine_label",
     "read_jsonl",
+    "trained_on",
     "write_manifest",
 ]
 
@@ -102,6 +105,31 @@ CREDIT_CHECK_MC_ROWS = "mc_rows.jsonl"
 
 RUN_STATES = ("new", "finished", "interrupted", "no_checkpoint")
 """What a planned run folder can hold (:meth:`RunDir.state`)."""
+RESUMES = "resumes"
+"""``run.json``'s list of where each resume of the run trained (:meth:`RunDir.record_resume`)."""
+
+
+def machine_label(facts: dict[str, Any]) -> str:
+    """``"<processor>, <precision>"`` from a run's facts (``run.json``, or one of its
+    ``resumes``): ``precision: auto`` resolves per machine (bf16 autocast where bf16 is native,
+    fp32 where it is emulated), and the same weights sample differently under the two, so
+    results record where they trained. Facts from before either was recorded say so."""
+    precision = ("bf16 autocast" if facts.get("autocast_bf16")
+                 else "fp32" if "autocast_bf16" in facts else "precision not recorded")
+    return f"{facts.get('cpu', 'processor not recorded')}, {precision}"
+
+
+def trained_on(info: dict[str, Any]) -> list[str]:
+    """Every :func:`machine_label` a run trained under, in order, each once: where it started
+    (``info``, its ``run.json``) and where each resume continued it (``info["resumes"]``). More
+    than one means the run changed machine or precision part-way."""
+    labels: list[str] = []
+    resumes = info.get(RESUMES)
+    for facts in [info, *(resumes if isinstance(resumes, list) else [])]:
+        label = machine_label(facts) if isinstance(facts, dict) else None
+        if label is not None and label not in labels:
+            labels.append(label)
+    return labels
 
 
 def fsync_path(path: str | Path) -> None:
@@ -420,6 +448,14 @@ class RunDir:
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: expected a JSON object")
         return loaded
+
+    def record_resume(self, facts: dict[str, Any]) -> None:
+        """Add where a resume continues the run (its step, processor, precision...) to
+        ``run.json``'s ``resumes`` list (:func:`trained_on` reads it)."""
+        info = self.read_info()
+        resumes = info.get(RESUMES)
+        info[RESUMES] = [*(resumes if isinstance(resumes, list) else []), facts]
+        atomic_write_text(self.path / RUN_INFO, json.dumps(info, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
         """``config.yaml`` as a dict ({} when absent)."""

@@ -24,7 +24,7 @@ import torch
 from gear_rl.agent.loop import AgentLimits
 from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.dataclass_config import flatten_keys
-from gear_rl.rundir import RunDir, file_sha256
+from gear_rl.rundir import RunDir, file_sha256, machine_label, trained_on
 from gear_rl.sampling import SamplingParams, stop_token_ids
 from gear_rl.tasks import Problem, Task, load_task
 from gear_rl.tasks.verl_data import SUFFIXES
@@ -47,7 +47,7 @@ __all__ = ["RESUMABLE", "Runtime", "agent_limits", "bf16_is_native", "build_runt
            "memory_metrics", "open_run", "release_free_memory",
            "reset_device_peak", "resolve_device", "resume_config", "rollout_settings",
            "run_evaluation", "run_path", "sampling_params", "sandbox_secrets", "status_bytes",
-           "task_sandbox"]
+           "task_sandbox", "uses_bf16_autocast"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -86,6 +86,13 @@ def bf16_is_native(device: torch.device) -> bool:
         except (AttributeError, RuntimeError):
             return False
     return False
+
+
+def uses_bf16_autocast(precision: str, device: torch.device) -> bool:
+    """Whether a run of ``precision`` (``TrainConfig.precision``: auto, bf16 or fp32) trains
+    under bf16 autocast on ``device``: ``auto`` means bf16 where it is native
+    (:func:`bf16_is_native`), fp32 elsewhere."""
+    return precision == "bf16" or (precision == "auto" and bf16_is_native(device))
 
 
 def release_free_memory() -> None:
@@ -413,7 +420,7 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     fast_bf16 = bf16_is_native(device)
-    autocast = config.precision == "bf16" or (config.precision == "auto" and fast_bf16)
+    autocast = uses_bf16_autocast(config.precision, device)
     sampler_bf16 = config.rollout.dtype == "bf16" or (config.rollout.dtype == "auto"
                                                       and fast_bf16)
     if model is None:
@@ -497,6 +504,7 @@ def open_run(config: TrainConfig, runtime: Runtime, optimizer: torch.optim.Optim
             runtime.sync_sampler()
             step = int(state["step"])
             run.truncate_logs(step)
+            _record_resume(run, runtime, step)
             saved = upgrade_recorded_config(run.read_config())
             if saved.get("steps") != config.steps:  # keep config.yaml the run's truth
                 run.write_config({**saved, "steps": config.steps})
@@ -598,6 +606,22 @@ def _data_changes(recorded: dict[str, Any], current: dict[str, Any]) -> list[str
             changes.append(f"the {now['count']} {what} problems loaded now differ from the "
                            f"{then['count']} the run started with")
     return changes
+
+
+def _record_resume(run: RunDir, runtime: Runtime, step: int) -> None:
+    """Add this resume's processor and precision to ``run.json`` (:meth:`RunDir.
+    record_resume`), with a warning where they differ from where the run trained last."""
+    before = trained_on(run.read_info())
+    facts = {"step": step, "device": str(runtime.device), "cpu": cpu_model(),
+             "autocast_bf16": runtime.autocast, "torch": torch.__version__}
+    here = machine_label(facts)
+    if before and before[-1] != here:
+        warnings.warn(f"resume: {run.path} trained up to step {step} on {before[-1]} and "
+                      f"continues on {here}: under another precision the same weights sample "
+                      "differently, so the run is no longer the one an uninterrupted run would "
+                      "be; run.json records both (resumes), and gear-rl study reports a seed "
+                      "whose cells trained under more than one", stacklevel=3)
+    run.record_resume(facts)
 
 
 def _check_resume(run: RunDir, checkpoint: Path, config: TrainConfig, task: Task) -> None:
