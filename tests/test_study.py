@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from conftest import kill_when
 from gear_rl.cli import main
-from gear_rl.rundir import RunDir
+from gear_rl.rundir import RunDir, machine_label
 from gear_rl.stats import (
     bootstrap_mean,
     minimum_detectable,
@@ -30,10 +31,17 @@ from gear_rl.stats import (
     verdict,
 )
 from gear_rl.study import analyze_study, parse_spec, write_study
-from gear_rl.study.report import cell_machines
-from gear_rl.study.runner import default_parallelism, plan_cells, resolve_parallelism, select_cells
+from gear_rl.study.report import cell_machines, mixed_seeds
+from gear_rl.study.runner import (
+    default_parallelism,
+    mixed_seed_warnings,
+    plan_cells,
+    resolve_parallelism,
+    select_cells,
+)
 from gear_rl.train.config import config_to_dict
 from gear_rl.train.records import is_measurement
+from gear_rl.train.runtime import cpu_model, uses_bf16_autocast
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -386,9 +394,64 @@ def test_the_report_names_where_each_cell_trained(tmp_path: Path) -> None:
     assert ("more than one machine or precision (compare methods within a seed, whose cells "
             "ran alike where the study ran them side by side): Intel Xeon, bf16 autocast (2: "
             "arith/grpo-s0, arith/gear-s0); AMD EPYC, fp32 (2: arith/grpo-s1, "
-            "arith/gear-s1).") in text
+            "arith/gear-s1). Each seed's cells trained on one of them.") in text
     saved = json.loads((tmp_path / "study.json").read_text())
     assert saved["cell_machines"]["AMD EPYC, fp32"] == ["arith/grpo-s1", "arith/gear-s1"]
+    assert saved["mixed_seeds"] == {}
+
+
+def test_a_seed_whose_cells_trained_apart_is_named(tmp_path: Path) -> None:
+    """Methods are paired within a seed: a seed whose cells trained on different machines or
+    precisions (seed 0: grpo on a Xeon in bf16, gear on an EPYC in fp32), or whose cell was
+    resumed elsewhere part-way (seed 1's gear), is named in the report."""
+    spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}, budget=TINY_BUDGET))
+    xeon, epyc = {"cpu": "Intel Xeon", "autocast_bf16": True}, {"cpu": "AMD EPYC",
+                                                                  "autocast_bf16": False}
+    for method, seed, info in (("grpo", 0, xeon), ("gear", 0, epyc), ("grpo", 1, epyc),
+                               ("gear", 1, {**epyc, "resumes": [{"step": 1, **xeon}]})):
+        run = _write_cell(tmp_path, "arith", method, method, seed, [[1, 0], [0, 0]])
+        (run / "run.json").write_text(json.dumps(info))
+    result = write_study(analyze_study(spec, tmp_path))
+    assert cell_machines(result) == {
+        "Intel Xeon, bf16 autocast": ["arith/grpo-s0"],
+        "AMD EPYC, fp32": ["arith/grpo-s1", "arith/gear-s0"],
+        "AMD EPYC, fp32, then Intel Xeon, bf16 autocast": ["arith/gear-s1"]}
+    assert mixed_seeds(result) == {
+        "arith seed 0": {"Intel Xeon, bf16 autocast": ["arith/grpo-s0"],
+                         "AMD EPYC, fp32": ["arith/gear-s0"]},
+        "arith seed 1": {"AMD EPYC, fp32": ["arith/grpo-s1", "arith/gear-s1"],
+                         "Intel Xeon, bf16 autocast": ["arith/gear-s1"]}}
+    text = (tmp_path / "study.md").read_text()
+    assert ("**Seeds whose cells trained on more than one** (their paired differences mix "
+            "machines): arith seed 0 (Intel Xeon, bf16 autocast: arith/grpo-s0; AMD EPYC, "
+            "fp32: arith/gear-s0); arith seed 1 (AMD EPYC, fp32: arith/grpo-s1, "
+            "arith/gear-s1; Intel Xeon, bf16 autocast: arith/gear-s1).") in text
+    assert json.loads((tmp_path / "study.json").read_text())["mixed_seeds"] == json.loads(
+        json.dumps(mixed_seeds(result)))
+
+
+def test_training_a_seed_on_another_machine_than_its_cells_warns(tmp_path: Path) -> None:
+    """Before anything trains, a seed whose finished or interrupted cells ran elsewhere than
+    the cells about to train here is named on stderr; a seed trained alike is not."""
+    spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}))
+    planned = {p.cell.name: p for p in plan_cells(spec, tmp_path)}
+    here = {"cpu": cpu_model(), "autocast_bf16": uses_bf16_autocast(
+        planned["arith/grpo-s0"].config.precision, torch.device("cpu"))}
+    for name, info in (("arith/grpo-s0", {"cpu": "Another CPU", "autocast_bf16": True}),
+                       ("arith/grpo-s1", here)):
+        item = planned[name]
+        item.run_dir.mkdir(parents=True)
+        RunDir(item.run_dir).write_config(config_to_dict(item.config))
+        (item.run_dir / "summary.json").write_text("{}")
+        (item.run_dir / "run.json").write_text(json.dumps(info))
+    planned_now = plan_cells(spec, tmp_path)
+    todo = [p for p in planned_now if p.state == "new"]
+    (line,) = mixed_seed_warnings(planned_now, todo)
+    assert line.startswith("gear-rl study: warning: arith seed 0: its cells would train on "
+                           "more than one machine or precision (Another CPU, bf16 autocast: "
+                           f"grpo-s0; {machine_label(here)} (here): gear-s0).")
+    assert "retrain the others here, or train these where the others ran" in line
+    assert mixed_seed_warnings(planned_now, [p for p in todo if p.cell.seed == 1]) == []
 
 
 def test_cells_whose_settings_differ_are_refused(tmp_path: Path) -> None:

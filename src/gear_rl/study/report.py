@@ -24,7 +24,7 @@ import numpy as np
 from gear_rl.figures import band_plot, save_plot
 from gear_rl.report.compare import mismatch_error, mismatched_settings
 from gear_rl.report.data import RunData, TokenCount, load_run, top_divergence_tokens
-from gear_rl.rundir import RunDir, atomic_write_text
+from gear_rl.rundir import RunDir, atomic_write_text, trained_on
 from gear_rl.stats import (
     Difference,
     Estimate,
@@ -37,7 +37,7 @@ from gear_rl.study.spec import SAMPLES_KEY, Cell, MethodSpec, StudySpec, TaskSpe
 from gear_rl.train.evaluate import read_eval_records
 
 __all__ = ["CellResult", "MethodResult", "StudyResult", "TaskResult", "analyze_study",
-           "problem_scores", "write_study"]
+           "cell_machines", "mixed_seeds", "problem_scores", "write_study"]
 
 # (metric key in metrics.jsonl, panel title, y label) of the two figures per task
 CURVES = (("reward_mean", "Training reward", "mean reward"),
@@ -513,29 +513,55 @@ DEFINITIONS = """## How to read the numbers
 
 
 def cell_machines(result: StudyResult) -> dict[str, list[str]]:
-    """The finished cells grouped by where they trained: ``"<processor>, <precision>"`` (from
-    each cell's ``run.json``; runs from before the processor was recorded say so) -> cell
-    names. A study may span sessions and machines; bf16 is native on some processors and
-    emulated on others, so a cell's precision can differ from its neighbour's."""
+    """The finished cells grouped by where they trained: ``"<processor>, <precision>"``
+    (:func:`~gear_rl.rundir.machine_label`, from each cell's ``run.json``; a cell resumed
+    elsewhere part-way is grouped under ``"A, then B"``) -> cell names. A study may span
+    sessions and machines; bf16 is native on some processors and emulated on others, so a
+    cell's precision can differ from its neighbour's."""
     groups: dict[str, list[str]] = {}
     for task in result.tasks:
         for method in task.methods:
             for cell in method.cells:
-                info = RunDir(cell.run.path).read_info()
-                precision = ("bf16 autocast" if info.get("autocast_bf16")
-                             else "fp32" if "autocast_bf16" in info else "precision not recorded")
-                where = f"{info.get('cpu', 'processor not recorded')}, {precision}"
+                where = ", then ".join(trained_on(RunDir(cell.run.path).read_info()))
                 groups.setdefault(where, []).append(cell.cell.name)
     return groups
 
 
-def _machines_line(groups: dict[str, list[str]]) -> str:
+def mixed_seeds(result: StudyResult) -> dict[str, dict[str, list[str]]]:
+    """The seeds whose finished cells trained on more than one machine or precision (a cell
+    resumed elsewhere counts under each): ``"<task> seed <n>"`` -> where -> cell names. The
+    report pairs methods within a seed, so a seed listed here compares methods across
+    machines as well."""
+    seeds: dict[str, dict[str, list[str]]] = {}
+    for task in result.tasks:
+        by_seed: dict[int, dict[str, list[str]]] = {}
+        for method in task.methods:
+            for cell in method.cells:
+                for where in trained_on(RunDir(cell.run.path).read_info()):
+                    by_seed.setdefault(cell.cell.seed, {}).setdefault(where, []).append(
+                        cell.cell.name)
+        for seed, groups in sorted(by_seed.items()):
+            if len(groups) > 1:
+                seeds[f"{task.task.key} seed {seed}"] = groups
+    return seeds
+
+
+def _machines_line(groups: dict[str, list[str]], mixed: dict[str, dict[str, list[str]]]
+                   ) -> str:
     if len(groups) <= 1:
         return "".join(f"Cells trained on: {where}." for where in groups)
     parts = [f"{where} ({len(names)}: {', '.join(names)})" for where, names in groups.items()]
+    if mixed:
+        seeds = ["{} ({})".format(seed, "; ".join(f"{where}: {', '.join(names)}"
+                                                  for where, names in apart.items()))
+                 for seed, apart in mixed.items()]
+        per_seed = ("**Seeds whose cells trained on more than one** (their paired differences "
+                    "mix machines): " + "; ".join(seeds) + ".")
+    else:
+        per_seed = "Each seed's cells trained on one of them."
     return ("Cells trained on more than one machine or precision (compare methods within a "
             "seed, whose cells ran alike where the study ran them side by side): "
-            + "; ".join(parts) + ".")
+            + "; ".join(parts) + ". " + per_seed)
 
 
 def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any]) -> str:
@@ -553,7 +579,7 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
               f"Cell wall time: {timing['cells_finished']} cells finished, "
               f"{timing['total_hours']:.2f} h in all, median {timing['median_minutes']:.1f} min "
               "per cell (machines shared with other work: timings are indicative).",
-              _machines_line(cell_machines(result)), "",
+              _machines_line(cell_machines(result), mixed_seeds(result)), "",
               f"Baseline: {spec.method(spec.baseline).label}. Metric: held-out {spec.metric}.", ""]
     for task in result.tasks:
         lines += _task_markdown(spec, task)
@@ -611,6 +637,7 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
             "plots": t.plots} for t in result.tasks],
         "timing": {**timing, "machine": machine},
         "cell_machines": cell_machines(result),
+        "mixed_seeds": mixed_seeds(result),
     }
 
 

@@ -37,13 +37,14 @@ import yaml
 
 from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
 from gear_rl.dataclass_config import flatten_keys
-from gear_rl.rundir import RunDir, atomic_write_text, read_jsonl
+from gear_rl.rundir import RunDir, atomic_write_text, machine_label, read_jsonl, trained_on
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
-from gear_rl.train.runtime import cpu_model
+from gear_rl.train.runtime import cpu_model, resolve_device, uses_bf16_autocast
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
-           "machine_info", "plan_cells", "run_state", "run_study", "select_cells"]
+           "machine_info", "mixed_seed_warnings", "plan_cells", "run_state", "run_study",
+           "select_cells"]
 
 # Measured by benchmarks/study_parallel.py on the project's 2-core Xeon (AMX), shared with other
 # sessions (load average 8-12; docs/study.md): a pair of SmolLM2-135M cells (2 steps) took 544 s
@@ -145,6 +146,7 @@ class StudyRun:
         out: the study folder. ``planned``: every cell and its state before this invocation.
         outcomes: the cells trained in this invocation. ``failed``: those that did not finish.
         seconds: this invocation's wall time. ``interrupted``: stopped by Ctrl-C.
+        warnings: what was said on stderr before training (:func:`mixed_seed_warnings`).
     """
 
     out: Path
@@ -152,6 +154,7 @@ class StudyRun:
     outcomes: list[CellOutcome] = field(default_factory=list)
     seconds: float = 0.0
     interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> list[CellOutcome]:
@@ -362,6 +365,9 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
             if item.state == "no_checkpoint":  # nothing to resume from: start it again
                 shutil.rmtree(item.run_dir)
             todo.append(item)
+        result.warnings = mixed_seed_warnings(planned, todo)
+        for line in result.warnings:
+            print(line, file=sys.stderr)
         _train(todo, len(selected), out, jobs=jobs, threads=threads, progress=progress,
                python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
                on_cell=on_cell)
@@ -369,6 +375,39 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
         folder.unlock()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def mixed_seed_warnings(planned: list[Planned], todo: list[Planned]) -> list[str]:
+    """One line per task and seed whose cells would have trained on more than one machine or
+    precision (:func:`~gear_rl.rundir.machine_label`) once ``todo`` trains here: where the
+    seed's finished and interrupted cells trained (their ``run.json``), and where ``todo``'s
+    cells will (this processor; each cell's ``precision`` on its device). The report pairs
+    methods within a seed, so such a seed compares methods across machines as well; it is
+    named in ``study.md`` (:func:`gear_rl.study.report.mixed_seeds`)."""
+    here, training = cpu_model(), {item.cell.name for item in todo}
+    lines = []
+    for task, seed in sorted({(item.cell.task.key, item.cell.seed) for item in todo}):
+        groups: dict[str, list[str]] = {}
+        for item in planned:
+            if (item.cell.task.key, item.cell.seed) != (task, seed):
+                continue
+            labels = (trained_on(RunDir(item.run_dir).read_info())
+                      if item.state in ("finished", "interrupted") else [])
+            if item.cell.name in training:
+                autocast = uses_bf16_autocast(item.config.precision,
+                                              resolve_device(item.config.device))
+                labels.append(machine_label({"cpu": here, "autocast_bf16": autocast}) +
+                              " (here)")
+            for label in dict.fromkeys(labels):
+                groups.setdefault(label, []).append(item.cell.name.split("/", 1)[1])
+        if len({label.removesuffix(" (here)") for label in groups}) > 1:
+            where = "; ".join(f"{label}: {', '.join(names)}" for label, names in groups.items())
+            lines.append(f"gear-rl study: warning: {task} seed {seed}: its cells would train on "
+                         f"more than one machine or precision ({where}). The report compares "
+                         "methods within a seed; train a seed's cells on one kind of machine "
+                         "(retrain the others here, or train these where the others ran). "
+                         "Training goes on; study.md names the seed.")
+    return lines
 
 
 def _export_final_policy(run_dir: Path) -> bool:
