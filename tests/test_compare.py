@@ -143,6 +143,7 @@ def test_compare_table_says_what_is_noise(tmp_path: Path) -> None:
     assert "Welch's two-sided t-test" in text and "p < 0.05" in text
     assert "within noise of grpo: gear[lambda_kl=0.2]" in text
     assert "not logged" in text  # says the interval is seed-level only
+    assert "more than one machine" not in text  # none of these records where it ran
     saved = json.loads((out / "compare.json").read_text())
     assert saved["methods"][2]["finals"] == pytest.approx([0.70, 0.72, 0.68])
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -159,6 +160,31 @@ def test_one_seed_has_no_interval_and_no_verdict(tmp_path: Path) -> None:
     assert "not established" in comparison.methods[1].verdict
     text = comparison.markdown.read_text()
     assert "no CI (1 seed)" in text and "no method differs from grpo beyond noise" in text
+
+
+def test_runs_trained_on_more_than_one_machine_or_precision_are_named(tmp_path: Path) -> None:
+    """precision: auto resolves per machine, so a comparison whose runs trained apart (or one
+    resumed elsewhere) says where each ran; runs that trained alike say nothing."""
+    xeon, epyc = {"cpu": "Intel Xeon", "autocast_bf16": True}, {"cpu": "AMD EPYC",
+                                                                  "autocast_bf16": False}
+    runs = []
+    for name, estimator, seed, info in (("grpo-s0", "grpo", 0, xeon), ("grpo-s1", "grpo", 1, epyc),
+                                        ("gear-s0", "gear", 0, xeon),
+                                        ("gear-s1", "gear", 1,
+                                         {**xeon, "resumes": [{"step": 2, **epyc}]})):
+        runs.append(write_run(tmp_path / name, estimator, seed, 0.5 + 0.1 * seed))
+        (runs[-1] / "run.json").write_text(json.dumps(info))
+    text = compare_runs(runs, tmp_path / "out").markdown.read_text()
+    assert ("**Trained on more than one machine or precision** (`precision: auto` is bf16 where "
+            "it is native and fp32 elsewhere, and the same weights sample differently under the "
+            "two): Intel Xeon, bf16 autocast (grpo-s0, gear-s0); AMD EPYC, fp32 (grpo-s1); Intel "
+            "Xeon, bf16 autocast, then AMD EPYC, fp32 (gear-s1).") in text
+    saved = json.loads((tmp_path / "out" / "compare.json").read_text())
+    assert saved["trained_on"]["AMD EPYC, fp32"] == ["grpo-s1"]
+    for run in runs:
+        (run / "run.json").write_text(json.dumps(epyc))
+    alike = compare_runs(runs, tmp_path / "alike")
+    assert "more than one machine" not in alike.markdown.read_text()
 
 
 def test_unlike_runs_are_refused_unless_allowed(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from gear_rl.credit import get_estimator
 from gear_rl.dataclass_config import check_output_folder
 from gear_rl.figures import Plot, band_plot, figure_png
 from gear_rl.report.data import RunData, eval_keys, load_run
-from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text
+from gear_rl.rundir import RunDir, atomic_write_bytes, atomic_write_text, trained_on
 from gear_rl.stats import WelchResult, t_interval, welch_test
 
 __all__ = [
@@ -82,6 +82,8 @@ class RunResult:
         engine: the engine that trained it (``run.json``; ``gear-rl`` when absent).
         no_eval: a finished TRL or verl run without any held-out eval: it has no score and is
             left out of the statistics like an unfinished one.
+        trained_on: where it trained (:func:`~gear_rl.rundir.trained_on`: processor and
+            precision, then those of any resume that ran elsewhere).
     """
 
     path: Path
@@ -99,6 +101,7 @@ class RunResult:
     unfinished_at: int | None = None
     engine: str = "gear-rl"
     no_eval: bool = False
+    trained_on: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -220,7 +223,8 @@ def _run_result(run: RunData, metric: str) -> RunResult:
                      model=str(run.config.get("model", "?")), steps=configured,
                      unfinished_at=None if finished else max(logged, default=0),
                      engine=run.engine,
-                     no_eval=RunDir(run.path).finished() and not _scored(run))
+                     no_eval=RunDir(run.path).finished() and not _scored(run),
+                     trained_on=tuple(trained_on(run.info)))
 
 
 def _setting(config: dict[str, Any], key: str) -> Any:
@@ -335,6 +339,15 @@ def _cell(value: Any) -> str:
     return text.replace("|", "\\|")
 
 
+def _machines(runs: Iterable[RunResult]) -> dict[str, list[str]]:
+    """Where the runs trained (``"A"``, or ``"A, then B"`` for a run resumed elsewhere) -> the
+    runs, as ``label-sSEED``."""
+    groups: dict[str, list[str]] = {}
+    for run in runs:
+        groups.setdefault(", then ".join(run.trained_on), []).append(f"{run.label}-s{run.seed}")
+    return groups
+
+
 def _markdown(comparison: Comparison) -> str:
     metric = comparison.metric.removeprefix("eval/")
     conf = comparison.confidence * 100
@@ -349,6 +362,13 @@ def _markdown(comparison: Comparison) -> str:
                "the statistics)")
     lines += [f"Task: {', '.join(tasks)}. Model: {', '.join(models)}. Training steps: "
               f"{', '.join(map(str, budgets))}. {counted}.", ""]
+    machines = _machines(runs)
+    if len(machines) > 1:
+        lines += ["**Trained on more than one machine or precision** (`precision: auto` is bf16 "
+                  "where it is native and fp32 elsewhere, and the same weights sample "
+                  "differently under the two): " + "; ".join(
+                      f"{where} ({', '.join(names)})" for where, names in machines.items())
+                  + ".", ""]
     if comparison.mismatch:
         lines += [f"**Not like for like:** the runs differ in {', '.join(comparison.mismatch)} "
                   "(compared anyway, with --allow-mismatch); each run's values are under "
@@ -522,6 +542,8 @@ def _as_json(comparison: Comparison) -> dict[str, Any]:
             "confidence": comparison.confidence, "alpha": comparison.alpha,
             "rule": RULE.format(alpha=comparison.alpha, conf=comparison.confidence * 100),
             "notes": comparison.notes, "mismatch": comparison.mismatch,
+            "trained_on": _machines([*(r for m in comparison.methods for r in m.runs),
+                                     *comparison.unfinished]),
             "methods": [{"label": m.label, "mean": m.mean, "ci": [m.low, m.high],
                          "seeds": [r.seed for r in m.runs], "finals": m.finals,
                          "runs": [str(r.path) for r in m.runs], "verdict": m.verdict,
