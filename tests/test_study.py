@@ -41,7 +41,7 @@ from gear_rl.study.runner import (
 )
 from gear_rl.train.config import config_to_dict
 from gear_rl.train.records import is_measurement
-from gear_rl.train.runtime import cpu_model, uses_bf16_autocast
+from gear_rl.train.runtime import cpu_model, resolves_to_bf16
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -400,6 +400,18 @@ def test_the_report_names_where_each_cell_trained(tmp_path: Path) -> None:
     assert saved["mixed_seeds"] == {}
 
 
+def test_machine_labels_name_processor_precision_and_a_sampler_set_apart() -> None:
+    assert machine_label({"cpu": "X", "autocast_bf16": True,
+                          "sampler_dtype": "torch.bfloat16"}) == "X, bf16 autocast"
+    assert machine_label({"cpu": "X", "autocast_bf16": False,
+                          "sampler_dtype": "torch.float32"}) == "X, fp32"
+    assert machine_label({"cpu": "X", "autocast_bf16": False,
+                          "sampler_dtype": "torch.bfloat16"}) == "X, fp32, sampler bf16"
+    assert machine_label({"cpu": "X", "autocast_bf16": True,
+                          "sampler_dtype": "torch.float32"}) == "X, bf16 autocast, sampler fp32"
+    assert machine_label({}) == "processor not recorded, precision not recorded"
+
+
 def test_a_seed_whose_cells_trained_apart_is_named(tmp_path: Path) -> None:
     """Methods are paired within a seed: a seed whose cells trained on different machines or
     precisions (seed 0: grpo on a Xeon in bf16, gear on an EPYC in fp32), or whose cell was
@@ -435,7 +447,7 @@ def test_training_a_seed_on_another_machine_than_its_cells_warns(tmp_path: Path)
     the cells about to train here is named on stderr; a seed trained alike is not."""
     spec = parse_spec(_spec(methods={"grpo": {}, "gear": {}}))
     planned = {p.cell.name: p for p in plan_cells(spec, tmp_path)}
-    here = {"cpu": cpu_model(), "autocast_bf16": uses_bf16_autocast(
+    here = {"cpu": cpu_model(), "autocast_bf16": resolves_to_bf16(
         planned["arith/grpo-s0"].config.precision, torch.device("cpu"))}
     for name, info in (("arith/grpo-s0", {"cpu": "Another CPU", "autocast_bf16": True}),
                        ("arith/grpo-s1", here)):

@@ -171,7 +171,8 @@ def test_a_resume_records_where_it_trains_and_warns_when_that_changes(tmp_path) 
     assert resume["step"] == 1 and resume["cpu"] == started["cpu"]
     assert resume["autocast_bf16"] == started["autocast_bf16"]
     assert trained_on(run.read_info()) == here
-    other = {"cpu": "Another CPU", "autocast_bf16": True}  # as if both ran elsewhere
+    other = {"cpu": "Another CPU", "autocast_bf16": True,  # as if both ran elsewhere
+             "sampler_dtype": "torch.bfloat16"}
     elsewhere = {**run.read_info(), **other, "resumes": [{**resume, **other}]}
     (run.path / "run.json").write_text(json.dumps(elsewhere))
     with pytest.warns(UserWarning, match=r"trained up to step 2 on Another CPU, bf16 autocast "

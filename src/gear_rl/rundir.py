@@ -113,9 +113,16 @@ def machine_label(facts: dict[str, Any]) -> str:
     """``"<processor>, <precision>"`` from a run's facts (``run.json``, or one of its
     ``resumes``): ``precision: auto`` resolves per machine (bf16 autocast where bf16 is native,
     fp32 where it is emulated), and the same weights sample differently under the two, so
-    results record where they trained. Facts from before either was recorded say so."""
+    results record where they trained. A sampler whose dtype is not the training precision's
+    (``rollout.dtype`` set apart from ``precision``) is named, ``"..., fp32, sampler bf16"``.
+    Facts from before either was recorded say so."""
     precision = ("bf16 autocast" if facts.get("autocast_bf16")
                  else "fp32" if "autocast_bf16" in facts else "precision not recorded")
+    sampler = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}.get(
+        str(facts.get("sampler_dtype")), str(facts.get("sampler_dtype")))
+    if "sampler_dtype" in facts and "autocast_bf16" in facts and not precision.startswith(
+            sampler):
+        precision += f", sampler {sampler}"
     return f"{facts.get('cpu', 'processor not recorded')}, {precision}"
 
 

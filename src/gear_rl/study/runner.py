@@ -40,7 +40,7 @@ from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, machine_label, read_jsonl, trained_on
 from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
-from gear_rl.train.runtime import cpu_model, resolve_device, uses_bf16_autocast
+from gear_rl.train.runtime import cpu_model, resolve_device, resolves_to_bf16
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
            "machine_info", "mixed_seed_warnings", "plan_cells", "run_state", "run_study",
@@ -381,7 +381,8 @@ def mixed_seed_warnings(planned: list[Planned], todo: list[Planned]) -> list[str
     """One line per task and seed whose cells would have trained on more than one machine or
     precision (:func:`~gear_rl.rundir.machine_label`) once ``todo`` trains here: where the
     seed's finished and interrupted cells trained (their ``run.json``), and where ``todo``'s
-    cells will (this processor; each cell's ``precision`` on its device). The report pairs
+    cells will (this processor; each cell's ``precision`` and ``rollout.dtype`` on its
+    device). The report pairs
     methods within a seed, so such a seed compares methods across machines as well; it is
     named in ``study.md`` (:func:`gear_rl.study.report.mixed_seeds`)."""
     here, training = cpu_model(), {item.cell.name for item in todo}
@@ -394,10 +395,12 @@ def mixed_seed_warnings(planned: list[Planned], todo: list[Planned]) -> list[str
             labels = (trained_on(RunDir(item.run_dir).read_info())
                       if item.state in ("finished", "interrupted") else [])
             if item.cell.name in training:
-                autocast = uses_bf16_autocast(item.config.precision,
-                                              resolve_device(item.config.device))
-                labels.append(machine_label({"cpu": here, "autocast_bf16": autocast}) +
-                              " (here)")
+                device = resolve_device(item.config.device)
+                sampler = resolves_to_bf16(item.config.rollout.dtype, device)
+                facts = {"cpu": here,
+                         "autocast_bf16": resolves_to_bf16(item.config.precision, device),
+                         "sampler_dtype": "torch.bfloat16" if sampler else "torch.float32"}
+                labels.append(machine_label(facts) + " (here)")
             for label in dict.fromkeys(labels):
                 groups.setdefault(label, []).append(item.cell.name.split("/", 1)[1])
         if len({label.removesuffix(" (here)") for label in groups}) > 1:

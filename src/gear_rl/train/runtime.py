@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 __all__ = ["RESUMABLE", "Runtime", "agent_limits", "bf16_is_native", "build_runtime",
            "config_differences", "cpu_model", "data_fingerprint", "evaluate_model",
            "memory_metrics", "open_run", "release_free_memory",
-           "reset_device_peak", "resolve_device", "resume_config", "rollout_settings",
-           "run_evaluation", "run_path", "sampling_params", "sandbox_secrets", "status_bytes",
-           "task_sandbox", "uses_bf16_autocast"]
+           "reset_device_peak", "resolve_device", "resolves_to_bf16", "resume_config",
+           "rollout_settings", "run_evaluation", "run_path", "sampling_params",
+           "sandbox_secrets", "status_bytes", "task_sandbox"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -88,11 +88,11 @@ def bf16_is_native(device: torch.device) -> bool:
     return False
 
 
-def uses_bf16_autocast(precision: str, device: torch.device) -> bool:
-    """Whether a run of ``precision`` (``TrainConfig.precision``: auto, bf16 or fp32) trains
-    under bf16 autocast on ``device``: ``auto`` means bf16 where it is native
-    (:func:`bf16_is_native`), fp32 elsewhere."""
-    return precision == "bf16" or (precision == "auto" and bf16_is_native(device))
+def resolves_to_bf16(setting: str, device: torch.device) -> bool:
+    """Whether a precision setting (``precision``, which picks bf16 autocast for training and
+    scoring, or ``rollout.dtype``, the sampler's weights: auto, bf16 or fp32) means bf16 on
+    ``device``: ``auto`` is bf16 where it is native (:func:`bf16_is_native`), fp32 elsewhere."""
+    return setting == "bf16" or (setting == "auto" and bf16_is_native(device))
 
 
 def release_free_memory() -> None:
@@ -419,10 +419,8 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     if config.threads:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
-    fast_bf16 = bf16_is_native(device)
-    autocast = uses_bf16_autocast(config.precision, device)
-    sampler_bf16 = config.rollout.dtype == "bf16" or (config.rollout.dtype == "auto"
-                                                      and fast_bf16)
+    autocast = resolves_to_bf16(config.precision, device)
+    sampler_bf16 = resolves_to_bf16(config.rollout.dtype, device)
     if model is None:
         from gear_rl.models import load_policy
 
@@ -613,14 +611,16 @@ def _record_resume(run: RunDir, runtime: Runtime, step: int) -> None:
     record_resume`), with a warning where they differ from where the run trained last."""
     before = trained_on(run.read_info())
     facts = {"step": step, "device": str(runtime.device), "cpu": cpu_model(),
-             "autocast_bf16": runtime.autocast, "torch": torch.__version__}
+             "autocast_bf16": runtime.autocast,
+             "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
+             "torch": torch.__version__}
     here = machine_label(facts)
     if before and before[-1] != here:
         warnings.warn(f"resume: {run.path} trained up to step {step} on {before[-1]} and "
-                      f"continues on {here}: under another precision the same weights sample "
-                      "differently, so the run is no longer the one an uninterrupted run would "
-                      "be; run.json records both (resumes), and gear-rl study reports a seed "
-                      "whose cells trained under more than one", stacklevel=3)
+                      f"continues on {here}: the same weights sample differently under another "
+                      "precision (and can on another processor), so the rest of the run is not "
+                      "what an uninterrupted run would have trained; run.json records both "
+                      "(resumes), and gear-rl study and compare name such runs", stacklevel=3)
     run.record_resume(facts)
 
 
