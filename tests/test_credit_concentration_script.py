@@ -1,6 +1,7 @@
 """The credit-control study's analysis scripts: scripts/credit_concentration.py (the share of
-|A_t| on a response's decisive prefix, up to the end of its first number), credit_on_checkpoints.py
-and credit_control_verdict.py, checked on hand-made inputs and the committed report."""
+|A_t| on a response's decisive prefix, up to the end of its first number), credit_on_checkpoints.py,
+credit_control_verdict.py and first_number_modes.py, checked on hand-made inputs and the committed
+report."""
 
 from __future__ import annotations
 
@@ -184,3 +185,54 @@ def test_credit_control_verdict_on_the_committed_report() -> None:
     products = done.stdout.split("### `products`", 1)[1].split("###", 1)[0]
     assert "**Verdict: credit does not limit learning here.**" in products
     assert "**holds**" not in products
+
+
+MODES = SCRIPT.parent / "first_number_modes.py"
+
+
+def test_first_number_modes_on_hand_made_records(tmp_path: Path) -> None:
+    """Each sample's first number is classed against its own question's factors: one sample of
+    each kind per problem gives a quarter each; a cell without summary.json is left out."""
+    import re
+
+    import yaml
+
+    from gear_rl.tasks import load_task
+
+    config = {"task": "products", "task_options": {"answer_rule": "first_number"},
+              "train_size": 16, "eval": {"size": 16}}
+    problems = load_task("products", options=config["task_options"], train_size=16,
+                         eval_size=16, seed=0).eval
+    records = []
+    for problem in problems:
+        a, b = map(int, re.search(r"(\d+) \* (\d+)", problem.prompt[-1]["content"]).groups())
+        product = int(problem.answer)
+        if len({a, b, product}) == 3:
+            records.append({"id": problem.id, "answer": problem.answer,
+                            "extracted": [str(product), str(a), str(b), None],
+                            "rewards": [1.0, 0.0, 0.0, 0.0]})
+    assert records
+    cells = tmp_path / "cells" / "products_first"
+    for name, finished in (("grpo-s0", True), ("gear-s0", False)):
+        (cells / name / "eval_records").mkdir(parents=True)
+        (cells / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        (cells / name / "eval_records" / "step-000002.json").write_text(json.dumps(
+            {"step": 2, "k": 4, "seed": 1, "records": records}))
+        if finished:
+            (cells / name / "summary.json").write_text("{}")
+    done = subprocess.run([sys.executable, str(MODES), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| grpo-s0 | 2 | 0.250 | 0.25 | 0.25 | 0.25 | 0.25 |" in done.stdout
+    assert "gear-s0" not in done.stdout
+
+
+def test_first_number_modes_on_the_committed_study() -> None:
+    """On the committed cells: a policy that restates the question scores what GRPO's seed-4
+    cell scored, and that cell writes the first factor first in 83% of its samples."""
+    study = SCRIPT.parents[1] / "results" / "study" / "credit_control"
+    done = subprocess.run([sys.executable, str(MODES), str(study)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "always writes the first factor first scores 0.172" in done.stdout
+    assert "| grpo-s4 | 10 | 0.172 | 0.17 | 0.83 | 0.00 | 0.00 |" in done.stdout
