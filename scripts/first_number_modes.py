@@ -8,10 +8,10 @@ first_number``). A response that restates the question ("To solve 9 * 8, ...") s
 factor, which is right exactly where that factor equals the product (``a * 1``, ``0 * b``...).
 For every finished cell of the task, this reads the held-out eval records at the final step (or
 ``--step``: each sample's extracted first number) and the task's held-out problems (built from
-the cell's own config, as the trainer builds them; no model), and prints per cell the share of
-samples whose first number is the product, the first factor, the second factor (when it is not
-also the product), or something else, beside the cell's score. The line above the table gives
-the score of a policy that always writes the first factor first.
+the cells' config as the trainer builds them, ``config_task``; no model), and prints per cell
+the share of samples whose first number is the product, the first factor, the second factor
+(when it is not also the product), or something else, beside the cell's score. The line above
+the table gives the score of a policy that always writes the first factor first.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ import re
 import sys
 from pathlib import Path
 
-import yaml
-
-from gear_rl.tasks import load_task
+from gear_rl.train import load_config
 from gear_rl.train.evaluate import read_eval_records
+from gear_rl.train.runtime import config_task
 
 TASK = "products_first"
 QUESTION = re.compile(r"(-?\d+)\s*[*x×]\s*(-?\d+)")
@@ -60,10 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if not configs:
         print(f"no cells of {TASK} under {cells}", file=sys.stderr)
         return 2
-    config = yaml.safe_load(configs[0].read_text(encoding="utf-8"))
-    task = load_task(config["task"], options=config.get("task_options"),
-                     train_size=config.get("train_size", 2000),
-                     eval_size=config["eval"]["size"], seed=0)
+    task = config_task(load_config(configs[0], []))  # every cell's problems are the same
     question = factors(task.eval)
     answers = {p.id: int(p.answer) for p in task.eval}
     restated = sum(question[i][0] == answers[i] for i in question) / len(question)

@@ -83,7 +83,7 @@ from gear_rl.rundir import (
 from gear_rl.seeding import sequence_seed
 from gear_rl.signals import TeacherPromptConfig
 from gear_rl.signals import prompt_ids as build_prompt_ids
-from gear_rl.tasks import Problem, Task, load_task
+from gear_rl.tasks import Problem, Task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict, recorded_config
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_reward_fn
 from gear_rl.train.export import read_export_info
@@ -570,14 +570,12 @@ def credit_check(
             variant whose inputs are missing (:func:`plan_rows`), an ``out`` holding other
             settings or other files.
     """
-    from gear_rl.train.runtime import build_runtime
+    from gear_rl.train.runtime import build_runtime, config_task
 
     check = check if check is not None else CreditCheckConfig()
     config.validate()  # a bad estimator or credit key fails here, before the task loads
     if task is None:
-        task = load_task(config.task, options=config.task_options, train_size=config.train_size,
-                         eval_size=config.eval.size, seed=0, instruction=config.instruction,
-                         eval_path=config.eval_data)
+        task = config_task(config)
     check_task(task)
     if check.boundaries == "turns" and task.agent is None and task.env is None:
         raise ValueError(f"boundaries=turns needs a multi-turn task; task {task.name!r} is "

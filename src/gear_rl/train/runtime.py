@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
 __all__ = ["RESUMABLE", "Runtime", "agent_limits", "bf16_is_native", "build_runtime",
-           "config_differences", "cpu_model", "data_fingerprint", "evaluate_model",
+           "config_differences", "config_task", "cpu_model", "data_fingerprint", "evaluate_model",
            "memory_metrics", "open_run", "release_free_memory",
            "reset_device_peak", "resolve_device", "resolves_to_bf16", "resume_config",
            "rollout_settings", "run_evaluation", "run_path", "sampling_params",
@@ -93,6 +93,14 @@ def resolves_to_bf16(setting: str, device: torch.device) -> bool:
     scoring, or ``rollout.dtype``, the sampler's weights: auto, bf16 or fp32) means bf16 on
     ``device``: ``auto`` is bf16 where it is native (:func:`bf16_is_native`), fp32 elsewhere."""
     return setting == "bf16" or (setting == "auto" and bf16_is_native(device))
+
+
+def config_task(config: TrainConfig) -> Task:
+    """The task ``config`` names, built as every run builds it: ``train_size`` training and
+    ``eval.size`` held-out problems (seed 0), its options, instruction and ``eval_data``."""
+    return load_task(config.task, options=config.task_options, train_size=config.train_size,
+                     eval_size=config.eval.size, seed=0, instruction=config.instruction,
+                     eval_path=config.eval_data)
 
 
 def release_free_memory() -> None:
@@ -449,9 +457,7 @@ def build_runtime(config: TrainConfig, *, model: torch.nn.Module | None = None,
     stops = stop_token_ids(tokenizer, model)
     pad = tokenizer.pad_token_id
     if task is None:
-        task = load_task(config.task, options=config.task_options,
-                         train_size=config.train_size, eval_size=config.eval.size, seed=0,
-                         instruction=config.instruction, eval_path=config.eval_data)
+        task = config_task(config)
     # None: single-turn tasks only (multi-turn rows make the update the run's memory peak)
     reuse = bool(config.heap_reuse or (config.heap_reuse is None
                                       and task_turns(task) is None)) and keep_heap_pages()
