@@ -366,9 +366,17 @@ _PROBE = textwrap.dedent("""
     from verl.trainer.ppo import core_algos
     names = sorted(k for k, fn in core_algos.ADV_ESTIMATOR_REGISTRY.items()
                    if fn.__module__.startswith("gear_rl."))
-    hooked = any(type(f).__name__ == "_TrainerModeHook" for f in sys.meta_path)
-    print(json.dumps({"names": names, "hooked": hooked,
-                      "v1_imported": "verl.trainer.ppo.v1" in sys.modules}))
+    hooked = any(type(f).__name__ == "_RegisterAfterImportHook" for f in sys.meta_path)
+    lazy = {"v1_imported": "verl.trainer.ppo.v1" in sys.modules,
+            "loops_imported": "verl.experimental.agent_loop.agent_loop" in sys.modules}
+    loops = []
+    try:  # importing verl's agent loops registers gear-rl's (they need hydra, which the main
+        # .venv lacks: there the import fails as it would without gear-rl)
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+        loops = sorted(_agent_loop_registry)
+    except ImportError as error:
+        loops = None if error.name == "hydra" else [repr(error)]
+    print(json.dumps({"names": names, "hooked": hooked, "loops": loops, **lazy}))
 """)
 
 
@@ -395,7 +403,75 @@ def test_plain_import_verl_loads_the_plugin_in_a_fresh_process(tmp_path) -> None
     loaded = _probe({"VERL_USE_EXTERNAL_PLUGINS": "auto", "PYTHONPATH": path,
                      "GEAR_RL_PLUGINS": "probe_credit_plugin"})
     assert loaded["names"] == expected
-    assert loaded["hooked"] and not loaded["v1_imported"]  # the heavy v1 trainer stays lazy
+    # the heavy v1 trainer and agent loops stay lazy, and register gear-rl's when imported
+    assert loaded["hooked"] and not loaded["v1_imported"] and not loaded["loops_imported"]
+    if loaded["loops"] is not None:
+        assert "gear_env" in loaded["loops"] and "single_turn_agent" in loaded["loops"]
     # Control: with verl's plugin loading off, nothing of ours is there.
     off = _probe({"VERL_USE_EXTERNAL_PLUGINS": "none"})
     assert off["names"] == [] and not off["hooked"]
+
+
+# ------------------------------------------------------------------ step-level estimators
+STEP_ESTIMATORS = ("gigpo", "gagpo", "gated_bepo", "turn_level", "gear_steps")
+
+
+def _step_extras(mask: torch.Tensor, uids: np.ndarray, seed: int) -> dict:
+    """Random step inputs for a verl batch: each row's policy positions cut into 1-3 turns,
+    shaping rewards, and state keys drawn from a few per prompt (so states repeat)."""
+    gen = torch.Generator().manual_seed(seed)
+    spans, rewards, states = [], [], []
+    for b in range(mask.shape[0]):
+        on = torch.nonzero(mask[b]).flatten().tolist()
+        first, last = on[0], on[-1] + 1
+        cuts = sorted(set(torch.randint(first + 1, last + 1, (2,), generator=gen).tolist())
+                      - {last}) if last - first > 1 else []
+        edges = [first, *cuts, last]
+        spans.append([(edges[k], edges[k + 1]) for k in range(len(edges) - 1)])
+        rewards.append([round(float(r), 2) for r in torch.rand(len(edges) - 1, generator=gen)])
+        states.append([f"s{int(torch.randint(0, 3, (1,), generator=gen))}"
+                       for _ in range(len(edges) - 1)])
+    return {"step_spans": spans, "step_rewards": rewards, "state_keys": states}
+
+
+@pytest.mark.parametrize("name", STEP_ESTIMATORS)
+def test_step_level_estimators_through_compute_advantage_equal_the_registry(name: str) -> None:
+    """What the ``gear`` trainer mode hands verl's advantage step for a multi-turn batch (the
+    step extras beside the signals) gives exactly the registry's advantages."""
+    data, scores, uids, mask, student, teacher, entropy = _batch(5)
+    mask[0, 0] = 1  # every row's policy tokens in one block here
+    data.batch["response_mask"] = mask
+    extras = _step_extras(mask, uids, seed=7)
+    estimator = get_estimator(name)
+    signals = signals_from_logprobs(mask, entropy=entropy, student_logprobs=student,
+                                    teacher_logprobs=teacher, divergence="k3", extras=extras)
+    with provide_signals(signals):
+        out = compute_advantage(data, verl_name(name),
+                                config=_algorithm(verl_name(name))).batch["advantages"]
+    values = {need: getattr(signals, need) for need in estimator.needs}
+    expected = estimator(CreditBatch(rewards=scores, group_ids=list(uids), mask=mask,
+                                     extras=extras, **values),
+                         estimator.make_config(norm_by_std=True))
+    torch.testing.assert_close(out, expected.float(), rtol=0, atol=0)
+    assert float(out.abs().sum()) > 0 and torch.all(out[mask == 0] == 0)
+
+
+def test_step_level_estimator_without_turns_says_what_to_run() -> None:
+    data, _, _, mask, *_ = _batch(6)
+    with pytest.raises(ValueError, match="trainer_mode=gear"):  # no signals at all
+        compute_advantage(data, "gigpo", config=_algorithm("gigpo"))
+    with provide_signals(signals_from_logprobs(mask)), pytest.raises(
+            ValueError, match="default_agent_loop=gear_env"):  # signals, but no turn spans
+        compute_advantage(data, "gigpo", config=_algorithm("gigpo"))
+
+
+def test_every_registry_estimator_that_verl_runs_is_registered_there() -> None:
+    """Step-level estimators run in verl (through the ``gear`` trainer mode's step inputs);
+    Monte-Carlo and self-distillation ones are refused by name."""
+    from gear_rl.credit import estimator_names
+
+    runs = set(verl_estimator_names())
+    assert set(STEP_ESTIMATORS) <= runs
+    for name in estimator_names():
+        why = get_estimator(name).engine_limit("verl")
+        assert (why is None) == (name in runs), (name, why)

@@ -122,6 +122,20 @@ def test_bad_gear_settings_fail_before_any_worker_starts() -> None:
         gear_trainer.GEARTrainerSync(_config("algorithm.rollout_correction.bypass_mode=True"))
 
 
+@pytest.mark.parametrize("estimator", ["gigpo", "turn_level", "gagpo", "gated_bepo",
+                                       "gear_steps"])
+def test_a_step_level_estimator_on_the_single_turn_loop_is_refused_before_workers(
+        estimator: str) -> None:
+    with pytest.raises(ValueError, match=r"default_agent_loop is single_turn_agent.*gear_env"):
+        gear_trainer.GEARTrainerSync(_config(f"algorithm.adv_estimator={estimator}"))
+    for loop in ("gear_env", "tool_agent"):  # multi-turn loops build
+        trainer = gear_trainer.GEARTrainerSync(_config(
+            f"algorithm.adv_estimator={estimator}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}"))
+        assert trainer.gear_settings.estimator.name == estimator
+        assert trainer.gear_settings.needs_signals
+
+
 class FakeTQ:
     """TransferQueue's kv calls over a dict: fields put nested come back nested, fields a row
     lacks are left out of a get (as verl's own select of optional fields expects)."""

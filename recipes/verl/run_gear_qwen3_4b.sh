@@ -4,6 +4,8 @@
 #   SETTING=math   bash recipes/verl/run_gear_qwen3_4b.sh            # single-turn math
 #   SETTING=tir    bash recipes/verl/run_gear_qwen3_4b.sh            # tool-integrated math
 #   SETTING=toolrl bash recipes/verl/run_gear_qwen3_4b.sh            # ToolRL tool calling
+#   SETTING=sokoban bash recipes/verl/run_gear_qwen3_4b.sh algorithm.adv_estimator=gigpo
+#                                                   # an agent setting: sokoban, keydoor, textarena:GAME
 #   SETTING=math   bash recipes/verl/run_gear_qwen3_4b.sh algorithm.adv_estimator=gear_rl_grpo
 #
 # Data: verl-format parquet (prompt as chat messages, reward_model.ground_truth), see README.md;
@@ -57,8 +59,21 @@ case "$setting" in
       "data.max_response_length=${MAX_RESPONSE_LENGTH:-1024}"
     )
     ;;
+  sokoban|keydoor|textarena:*)
+    # Multi-turn text games (gear_rl.envs) played by gear-rl's agent loop gear_env
+    # (gear_rl.integrations.verl.agent_loop): each turn one move, the next board back as a user
+    # turn (response_mask 0); reward 1 when the level is solved; per-step spans, state keys and
+    # shaping rewards for the step-level estimators (algorithm.adv_estimator=gigpo, gagpo,
+    # gated_bepo, turn_level, gear_steps). The teacher is shown the planner's shortest moves.
+    # Data: python -m gear_rl.integrations.verl.data writes the levels (write_example_data).
+    extra=(
+      "actor_rollout_ref.rollout.agent.default_agent_loop=gear_env"
+      "algorithm.gear.reference_kind=solution"
+      "algorithm.gear.reference_key=extra_info.reference"
+    )
+    ;;
   *)
-    echo "SETTING must be math, tir or toolrl, got $setting" >&2
+    echo "SETTING must be math, tir, toolrl, sokoban, keydoor or textarena:GAME, got $setting" >&2
     exit 2
     ;;
 esac

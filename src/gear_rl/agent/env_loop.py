@@ -26,7 +26,7 @@ must equal the prefix's own.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Generator, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,7 +35,8 @@ from gear_rl.agent.loop import EpisodePrefix, GenerateFn, append_tokens
 if TYPE_CHECKING:
     from gear_rl.envs.base import StepResult, TextEnv
 
-__all__ = ["EnvEpisode", "chat_observation_ids", "env_metrics", "run_env_episodes"]
+__all__ = ["EnvEpisode", "TurnRequest", "chat_observation_ids", "env_episode_turns", "env_metrics",
+           "run_env_episodes"]
 
 
 @dataclass
@@ -190,6 +191,40 @@ def run_env_episodes(
     Returns:
         ``B`` episodes, in order (a resumed one holds its prefix's tokens first).
     """
+    turns = env_episode_turns(envs, seeds, prompts, tokenizer, stop_ids=stop_ids,
+                              max_turns=max_turns,
+                              max_new_tokens_per_turn=max_new_tokens_per_turn,
+                              max_response_tokens=max_response_tokens, prefixes=prefixes)
+    try:
+        contexts, budgets = next(turns)
+        while True:
+            contexts, budgets = turns.send(generate(contexts, [], budgets))
+    except StopIteration as done:
+        return done.value
+
+
+TurnRequest = tuple[list[list[int]], list[int]]
+"""What :func:`env_episode_turns` asks for each round: the contexts (prompt and response so
+far) of the rows that generate, and each one's token budget for this turn."""
+
+
+def env_episode_turns(
+    envs: Sequence[TextEnv],
+    seeds: Sequence[int],
+    prompts: Sequence[Sequence[int]],
+    tokenizer: Any,
+    *,
+    stop_ids: Sequence[int],
+    max_turns: int,
+    max_new_tokens_per_turn: int,
+    max_response_tokens: int,
+    prefixes: Sequence[EpisodePrefix | None] | None = None,
+) -> Generator[TurnRequest, Sequence[Sequence[int]], list[EnvEpisode]]:
+    """:func:`run_env_episodes` as a generator, for callers whose sampler is not a plain
+    function (verl's agent loop awaits its rollout server): each round it yields the contexts
+    and budgets of the rows that generate and takes the new token ids of each (as
+    ``generate`` would return them); it returns the episodes. The arguments are
+    :func:`run_env_episodes`' less ``generate``: one episode logic for both."""
     if not len(envs) == len(seeds) == len(prompts):
         raise ValueError(f"envs, seeds and prompts differ in length: {len(envs)}, {len(seeds)}, "
                          f"{len(prompts)}")
@@ -224,9 +259,9 @@ def run_env_episodes(
         generating = [k for k, budget in enumerate(budgets) if budget > 0]
         generated: list[list[int]] = [[] for _ in active]
         if generating:
-            new = generate([episodes[active[k]].prompt_ids + episodes[active[k]].response_ids
-                            + partial[active[k]] for k in generating], [],
-                           [budgets[k] for k in generating])
+            new = yield ([episodes[active[k]].prompt_ids + episodes[active[k]].response_ids
+                          + partial[active[k]] for k in generating],
+                         [budgets[k] for k in generating])
             if len(new) != len(generating):
                 raise ValueError(f"generate returned {len(new)} rows for {len(generating)} "
                                  "prompts")

