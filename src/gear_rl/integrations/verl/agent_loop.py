@@ -176,6 +176,7 @@ class GEAREnvAgentLoop(AgentLoopBase):
         timing: dict[str, float] = {}
         request_id = uuid4().hex
         turn_logprobs: list[list[float]] = []  # one row, so one turn per round
+        versions: list[dict[str, Any]] = []  # which weights each turn was sampled with
         turns = env_episode_turns(
             [env], [row.seed], [prompt_ids], self.tokenizer, stop_ids=self.stop_ids,
             max_turns=max_turns, max_new_tokens_per_turn=row.max_new_tokens_per_turn,
@@ -192,6 +193,7 @@ class GEAREnvAgentLoop(AgentLoopBase):
                             sampling_params={**params, "max_tokens": budget})
                         for context, budget in zip(contexts, budgets, strict=True)))
                     turn_logprobs.append(list(outputs[0].log_probs or []))
+                    versions.extend(o.extra_fields for o in outputs)
                     contexts, budgets = turns.send([list(o.token_ids) for o in outputs])
             except StopIteration as done:
                 episode = done.value[0]
@@ -208,7 +210,7 @@ class GEAREnvAgentLoop(AgentLoopBase):
             # verl counts chat turns: the prompt, then each policy turn and each board after it
             num_turns=1 + len(episode.step_spans) + len(episode.observation_spans),
             metrics={"generate_sequences": timing.get("generate_sequences", 0.0)},
-            extra_fields={STEPS_FIELD: {
+            extra_fields={**_weight_versions(versions), STEPS_FIELD: {
                 "step_spans": [list(span) for span in episode.step_spans],
                 "state_keys": [repr(key) for key in episode.state_keys],
                 "step_rewards": [float(r) for r in episode.shaping_rewards],
@@ -219,6 +221,16 @@ class GEAREnvAgentLoop(AgentLoopBase):
 
 
 register(AGENT_LOOP_NAME)(GEAREnvAgentLoop)
+
+
+def _weight_versions(turns: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The first and last weight versions (training steps) a trajectory's turns were sampled
+    with, as verl's own loops report them (``min_global_steps``, ``max_global_steps``: its
+    staleness control and metrics read them)."""
+    lows = [t["min_global_steps"] for t in turns if t.get("min_global_steps") is not None]
+    highs = [t["max_global_steps"] for t in turns if t.get("max_global_steps") is not None]
+    return {"min_global_steps": min(lows) if lows else None,
+            "max_global_steps": max(highs) if highs else None}
 
 
 def step_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:

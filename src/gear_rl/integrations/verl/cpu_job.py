@@ -31,10 +31,12 @@ import argparse
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -382,31 +384,85 @@ def _kill_group(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
             time.sleep(0.2)
 
 
+class _StopSignalError(Exception):
+    """A stop signal (SIGTERM, SIGHUP) reached :func:`run_job`'s process."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""What ``kill``, ``timeout``, a CI cancel, a scheduler or a closed terminal send: each ends the
+job as Ctrl-C does (its process group killed, its shared memory removed)."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Turn :data:`STOP_SIGNALS` into :class:`_StopSignalError` in the main thread while the
+    block runs (off the main thread nothing changes: Python runs handlers there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    stopping = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not stopping:  # a second signal must not break off the clean-up the first began
+            stopping.append(signum)
+            raise _StopSignalError(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_job(plan: JobPlan, *, timeout_s: float | None = None,
             log_path: Path | None = None) -> int:
     """Run ``plan`` in its own session, streaming its output (to ``log_path`` as well when
-    given); on exit, error, timeout or Ctrl-C kill what is left of it and remove its shared
-    memory. Returns the job's exit code (124 on timeout, 130 on Ctrl-C)."""
+    given); on exit, error, timeout, Ctrl-C or a stop signal (:data:`STOP_SIGNALS`) kill what is
+    left of it and remove its shared memory. The timeout runs on the clock, not on the job's
+    output: a silent job is stopped on time. Returns the job's exit code (124 on timeout, 130
+    on Ctrl-C, 128 + the signal's number on a stop signal)."""
     log = log_path.open("w") if log_path is not None else None
+    lines: queue.Queue[str | None] = queue.Queue()
     try:
-        with shm_cleanup():
+        with shm_cleanup(), _stop_on_signals():
             process = subprocess.Popen(plan.command, env=plan.env, cwd=plan.workdir,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True, text=True, bufsize=1)
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            try:
+
+            def pump() -> None:
                 assert process.stdout is not None
                 for line in process.stdout:
+                    lines.put(line)
+                lines.put(None)
+
+            threading.Thread(target=pump, name="verl-cpu-output", daemon=True).start()
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            try:
+                while True:
+                    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        line = lines.get(timeout=wait)
+                    except queue.Empty:
+                        print(f"[verl-cpu] timed out after {timeout_s:.0f} s: stopping the job",
+                              file=sys.stderr)
+                        return 124
+                    if line is None:
+                        return process.wait()
                     sys.stdout.write(line)
                     if log is not None:
                         log.write(line)
-                    if deadline is not None and time.monotonic() > deadline:
-                        print(f"[verl-cpu] timed out after {timeout_s:.0f} s", file=sys.stderr)
-                        return 124
-                return process.wait()
             except KeyboardInterrupt:
                 print("[verl-cpu] interrupted: stopping the job", file=sys.stderr)
                 return 130
+            except _StopSignalError as stopped:
+                print(f"[verl-cpu] {stopped}: stopping the job", file=sys.stderr)
+                return 128 + stopped.signum
             finally:
                 _kill_group(process)
                 with contextlib.suppress(subprocess.TimeoutExpired):
