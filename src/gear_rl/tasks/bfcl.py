@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from gear_rl.agent.parsing import parse_json_calls
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, AgentSpec, Problem, Task
 
 __all__ = [
@@ -109,8 +110,26 @@ def _category_file(category: str) -> str:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    with path.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The JSON object on each non-blank line of a BFCL file.
+
+    Raises:
+        ValueError: naming the file and line, for text that is not JSON, JSON nested past
+            :data:`gear_rl.safe_json.MAX_JSON_DEPTH`, or a line that is not an object.
+    """
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = loads_bounded(line)
+            except ValueError as exc:
+                raise ValueError(f"{path} line {number}: not usable JSON ({exc})") from exc
+            if not isinstance(row, dict):
+                raise ValueError(f"{path} line {number}: a BFCL row must be a JSON object, got "
+                                 f"{type(row).__name__}")
+            rows.append(row)
+    return rows
 
 
 def load_bfcl(category: str, *, data_dir: str | Path | None = None) -> list[BFCLItem]:

@@ -42,6 +42,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks import toolrl as _toolrl
 from gear_rl.tasks.math_check import checked_timeout, math_equal
 from gear_rl.tasks.verl_data import gold_answer
@@ -101,11 +102,12 @@ def toolrl_gold(ground_truth: Any) -> str:
         if "<tool_call>" in value or "<response>" in value:
             return value
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = loads_bounded(value)
+        except ValueError as exc:  # not JSON, or nested past the bound
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise ValueError(
                 "ground_truth must be ToolRL's gold output (with <tool_call> or <response>) or "
-                f"JSON-encoded tool call(s); got text that is neither ({exc.msg}): "
+                f"JSON-encoded tool call(s); got text that is neither ({reason}): "
                 f"{ground_truth!r:.120}") from exc
     if isinstance(value, Mapping):
         value = [value]
@@ -252,15 +254,11 @@ def toolrl_reward(
         raise ValueError(f"solution_str must be a string, got {type(solution_str).__name__}")
     try:
         _toolrl.extract_tool_calls(gold)
-    except (ValueError, TypeError, RecursionError) as exc:
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"ground_truth: its <tool_call> block does not parse: {exc}") from exc
-    try:
-        score = _toolrl.toolrl_reward(solution_str, gold, require_think=require_think,
-                                      no_call_gold=no_call_gold, matching=matching)
-        r_format, r_correct = score.format, score.correct
-    except RecursionError:  # JSON nested past the interpreter's limit: an unparsable call
-        r_format = _toolrl.format_reward(solution_str, gold, require_think=require_think)
-        r_correct = -3.0
+    score = _toolrl.toolrl_reward(solution_str, gold, require_think=require_think,
+                                  no_call_gold=no_call_gold, matching=matching)
+    r_format, r_correct = score.format, score.correct
     total = r_format + r_correct
     return {
         "score": total if reward_scale == "paper" else (total + 3.0) / 7.0,
