@@ -228,7 +228,18 @@ def test_a_deep_bfcl_file_names_the_file_and_line(tmp_path) -> None:
     answers = tmp_path / "possible_answer" / "BFCL_v4_simple_python.json"
     answers.write_text("\n" + json.dumps({"id": "simple_python_0", "ground_truth": []})[:-1]
                        + ', "x": ' + DEEP + "}\n")
-    with pytest.raises(ValueError, match=_at(answers, r" line 2: not usable JSON .*deeper than")):
+    with pytest.raises(ValueError, match=_at(answers, r":2: not usable JSON .*deeper than")):
         load_bfcl("simple", data_dir=tmp_path)
     answers.write_text(json.dumps({"id": "simple_python_0", "ground_truth": [{"f": {}}]}) + "\n")
     assert load_bfcl("simple", data_dir=tmp_path)[0].possible_answer == [{"f": {}}]
+    with pytest.raises(ValueError, match=r"BFCL data file .*BFCL_v4_multiple\.json"):
+        load_bfcl("multiple", data_dir=tmp_path)
+
+
+def test_a_deep_line_in_a_run_file_names_the_file_and_line(tmp_path) -> None:
+    from gear_rl.rundir import read_jsonl
+
+    path = tmp_path / "samples.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "x": ' + DEEP + "}\n")
+    with pytest.raises(ValueError, match=_at(path, r":2: not usable JSON .*deeper than")):
+        read_jsonl(path)

@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from gear_rl.agent.parsing import parse_json_calls
-from gear_rl.safe_json import loads_bounded
+from gear_rl.dataclass_config import check_file
+from gear_rl.rundir import read_jsonl
 from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, AgentSpec, Problem, Task
 
 __all__ = [
@@ -110,26 +111,10 @@ def _category_file(category: str) -> str:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON object on each non-blank line of a BFCL file.
-
-    Raises:
-        ValueError: naming the file and line, for text that is not JSON, JSON nested past
-            :data:`gear_rl.safe_json.MAX_JSON_DEPTH`, or a line that is not an object.
-    """
-    rows = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = loads_bounded(line)
-            except ValueError as exc:
-                raise ValueError(f"{path} line {number}: not usable JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise ValueError(f"{path} line {number}: a BFCL row must be a JSON object, got "
-                                 f"{type(row).__name__}")
-            rows.append(row)
-    return rows
+    """The JSON object on each non-blank line of a BFCL file (:func:`gear_rl.rundir.read_jsonl`:
+    a line that is not a JSON object, or nests past :data:`gear_rl.safe_json.MAX_JSON_DEPTH`, is
+    a ``ValueError`` naming the file and line; a missing file one naming the file)."""
+    return read_jsonl(check_file(path, "BFCL data file"))
 
 
 def load_bfcl(category: str, *, data_dir: str | Path | None = None) -> list[BFCLItem]:
