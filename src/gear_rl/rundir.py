@@ -43,6 +43,8 @@ from typing import Any, TextIO
 
 import yaml
 
+from gear_rl.safe_json import loads_bounded
+
 __all__ = [
     "CHECKPOINTS",
     "CONFIG",
@@ -190,7 +192,8 @@ def atomic_write_text(path: str | Path, text: str, *, fsync: bool = True) -> Non
 
 def read_jsonl(path: str | Path, *, drop_partial_last: bool = False) -> list[dict[str, Any]]:
     """The JSON objects of a ``.jsonl`` file, one per non-empty line ([] when the file is
-    missing). A malformed line raises ``ValueError`` naming the file and line, except, with
+    missing), read by :func:`gear_rl.safe_json.loads_bounded`. A malformed line (nested past
+    its bound included) raises ``ValueError`` naming the file and line, except, with
     ``drop_partial_last``, an unterminated last line (what a write cut short leaves), which is
     dropped with a warning."""
     path = Path(path)
@@ -206,7 +209,7 @@ def read_jsonl(path: str | Path, *, drop_partial_last: bool = False) -> list[dic
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = loads_bounded(line)
         except json.JSONDecodeError as error:
             partial = number == len(lines) and not text.endswith("\n")
             if drop_partial_last and partial:
@@ -214,6 +217,8 @@ def read_jsonl(path: str | Path, *, drop_partial_last: bool = False) -> list[dic
                               "interrupted write)", stacklevel=2)
                 break
             raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from error
+        except ValueError as error:  # nested past the bound
+            raise ValueError(f"{path}:{number}: not usable JSON ({error})") from error
         if not isinstance(record, dict):
             raise ValueError(f"{path}:{number}: expected a JSON object, got "
                              f"{type(record).__name__}")

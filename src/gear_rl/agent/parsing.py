@@ -14,7 +14,9 @@ Three preset formats, all configurable through :class:`ToolCallFormat`:
   (``"parameters"`` is accepted as a synonym, as ToolRL's data uses it); the environment answers
   between ``<tool_response>`` and ``</tool_response>``.
 
-Parsing never raises on model text: every outcome is a :class:`ParsedTurn` with a ``status``.
+Parsing never raises on model text: every outcome is a :class:`ParsedTurn` with a ``status``
+(JSON is read by :func:`gear_rl.safe_json.loads_bounded`: a body nested past its bound is
+``malformed``, never a ``RecursionError``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from gear_rl.safe_json import loads_bounded
 
 __all__ = [
     "JSON_FORMAT",
@@ -170,7 +174,7 @@ def _call_from_object(obj: Any) -> ToolCall:
     else:
         arguments = obj.get("parameters", {})
     if isinstance(arguments, str):  # OpenAI-style arguments serialised as a string
-        arguments = json.loads(arguments) if arguments.strip() else {}
+        arguments = loads_bounded(arguments) if arguments.strip() else {}
     if not isinstance(arguments, dict):
         raise ValueError(f"'arguments' of {name!r} must be an object")
     return ToolCall(name=name, arguments=arguments)
@@ -178,18 +182,19 @@ def _call_from_object(obj: Any) -> ToolCall:
 
 def parse_json_calls(body: str) -> tuple[ToolCall, ...]:
     """Parse a ``<tool_call>`` body: one JSON object, a JSON list of objects, or one object per
-    line (ToolRL). Raises ``ValueError`` (``json.JSONDecodeError`` is one) when it does not parse.
+    line (ToolRL). Raises ``ValueError`` (``json.JSONDecodeError`` is one) when it does not parse
+    or nests deeper than :data:`gear_rl.safe_json.MAX_JSON_DEPTH`.
     """
     text = body.strip()
     if not text:
         raise ValueError("empty tool call")
     try:
-        parsed = json.loads(text)
+        parsed = loads_bounded(text)
     except json.JSONDecodeError:
         lines = [line for line in text.splitlines() if line.strip()]
         if len(lines) < 2:
             raise
-        parsed = [json.loads(line) for line in lines]
+        parsed = [loads_bounded(line) for line in lines]
     objects = parsed if isinstance(parsed, list) else [parsed]
     if not objects:
         raise ValueError("empty list of tool calls")

@@ -107,6 +107,7 @@ from gear_rl.runlog import (
     rollout_metrics,
     sample_records,
 )
+from gear_rl.safe_json import loads_bounded
 from gear_rl.signals import DIVERGENCE_KINDS, TeacherPromptConfig, response_logprobs, token_signals
 from gear_rl.signals import prompt_ids as render_prompt_ids
 from gear_rl.signals.divergence import DivergenceKind
@@ -218,10 +219,10 @@ class CreditGRPOConfig(GRPOConfig):
         trl_estimator(self.estimator)
         if isinstance(self.credit, str):
             try:
-                self.credit = json.loads(self.credit)
-            except json.JSONDecodeError as error:
+                self.credit = loads_bounded(self.credit)
+            except ValueError as error:
                 raise ValueError(f"credit must be a JSON object of {self.estimator!r}'s config "
-                                 f"fields, got {self.credit!r}: {error}") from error
+                                 f"fields, got {self.credit!r:.200}: {error}") from error
         if self.credit is None:
             self.credit = {}
         if not isinstance(self.credit, dict):

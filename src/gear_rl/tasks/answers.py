@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
 
 __all__ = ["ANSWER_RULES", "extract_answer", "first_number", "first_number_span", "last_boxed",
-           "last_number", "normalize_number"]
+           "last_number", "normalize_number", "number_value"]
 
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_DIGITS = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+_LITERAL = re.compile(rf"([-−+]?)\s*({_DIGITS}(?:\.\d*)?|\.\d+)(?:/({_DIGITS}))?")
 _ANSWER_LINE = re.compile(r"(?im)^\W*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
 
 
@@ -46,6 +50,32 @@ def normalize_number(token: str) -> str:
     if token in ("-0", ""):
         token = "0"
     return token
+
+
+def number_value(text: str) -> Fraction | None:
+    """The exact value of ``text`` when it is one plain number, else None.
+
+    A plain number is an optionally signed (``-``, Unicode ``−``, ``+``) integer or decimal
+    (``3``, ``-0.50``, ``.5``, ``1,234``, ``1{,}234`` or ``1\\,234`` with thousands separators),
+    or a quotient of one by an integer (``3/4``); whitespace and ``$`` around it are ignored.
+    The value is exact (a :class:`~fractions.Fraction`, never a float) and of any length:
+    ``0.5`` and ``1/2`` are the same value, ``1234567`` and ``1234568`` are not, and a number of
+    5,000 digits is read without Python's int-to-string digit limit (digits go through
+    :class:`~decimal.Decimal`). ``1,2`` (not thousands commas), ``1/0``, ``2e3`` and any other
+    text give None.
+    """
+    text = text.strip().strip("$").strip().replace("{,}", ",").replace("\\,", ",")
+    match = _LITERAL.fullmatch(text)
+    if match is None:
+        return None
+    sign, number, denominator = match.groups()
+    value = Fraction(Decimal(number.replace(",", "")))
+    if denominator is not None:
+        divisor = Fraction(Decimal(denominator.replace(",", "")))
+        if divisor == 0:
+            return None
+        value /= divisor
+    return -value if sign in ("-", "−") else value
 
 
 def last_number(text: str) -> str | None:

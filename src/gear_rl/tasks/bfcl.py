@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from gear_rl.agent.parsing import parse_json_calls
+from gear_rl.dataclass_config import check_file
+from gear_rl.rundir import read_jsonl
 from gear_rl.tasks.base import DEFAULT_EVAL_SIZE, AgentSpec, Problem, Task
 
 __all__ = [
@@ -109,8 +111,10 @@ def _category_file(category: str) -> str:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    with path.open() as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+    """The JSON object on each non-blank line of a BFCL file (:func:`gear_rl.rundir.read_jsonl`:
+    a line that is not a JSON object, or nests past :data:`gear_rl.safe_json.MAX_JSON_DEPTH`, is
+    a ``ValueError`` naming the file and line; a missing file one naming the file)."""
+    return read_jsonl(check_file(path, "BFCL data file"))
 
 
 def load_bfcl(category: str, *, data_dir: str | Path | None = None) -> list[BFCLItem]:

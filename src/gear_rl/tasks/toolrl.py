@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks.base import (
     DEFAULT_EVAL_SIZE,
     Located,
@@ -78,10 +79,10 @@ Call = dict[str, Any]
 # --- parsing --------------------------------------------------------------------------------
 def _normalise_call(obj: Any) -> Call:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        raise ValueError(f"a tool call must be an object with a string 'name', got {obj!r}")
+        raise ValueError(f"a tool call must be an object with a string 'name', got {obj!r:.80}")
     params = obj.get("parameters", obj.get("arguments", {}))
     if isinstance(params, str):
-        params = json.loads(params) if params.strip() else {}
+        params = loads_bounded(params) if params.strip() else {}
     if not isinstance(params, dict):
         raise ValueError(f"parameters of {obj['name']!r} must be an object")
     return {"name": obj["name"], "parameters": params}
@@ -90,7 +91,8 @@ def _normalise_call(obj: Any) -> Call:
 def extract_tool_calls(text: str) -> list[Call] | None:
     """The calls in the first ``<tool_call>`` block: one JSON object per line (ToolRL), or one
     JSON object / list spanning the block. ``None`` when there is no complete block. Raises
-    ``ValueError`` when the block does not parse."""
+    ``ValueError`` when the block does not parse (JSON nested past
+    :data:`gear_rl.safe_json.MAX_JSON_DEPTH` included: never ``RecursionError``)."""
     match = _TOOL_CALL_BLOCK.search(text)
     if match is None:
         return None
@@ -98,10 +100,10 @@ def extract_tool_calls(text: str) -> list[Call] | None:
     if not body:
         raise ValueError("empty <tool_call> block")
     try:
-        parsed = json.loads(body)
+        parsed = loads_bounded(body)
         objects = parsed if isinstance(parsed, list) else [parsed]
     except json.JSONDecodeError:
-        objects = [json.loads(line) for line in body.splitlines() if line.strip()]
+        objects = [loads_bounded(line) for line in body.splitlines() if line.strip()]
     return [_normalise_call(obj) for obj in objects]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.dataclass_config import check_file
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks.answers import extract_answer
 from gear_rl.tasks.base import (
     DEFAULT_EVAL_SIZE,
@@ -100,11 +101,13 @@ def _parse_json(data: bytes, where: str, offset: int) -> Any:
     if not text.strip():
         return _BLANK
     try:
-        return json.loads(text)
+        return loads_bounded(text)
     except json.JSONDecodeError as exc:
         at = f"column {exc.colno}" if "\n" not in text.strip() else (
             f"line {exc.lineno} column {exc.colno}")
         raise ValueError(f"{where}: not valid JSON ({exc.msg} at {at})") from exc
+    except ValueError as exc:  # nested past the bound
+        raise ValueError(f"{where}: not usable JSON ({exc})") from exc
 
 
 def _object_row(row: Any, where: str) -> dict[str, Any]:

@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks.answers import last_boxed, normalize_number
 from gear_rl.tasks.math_check import is_blank_answer
 from gear_rl.tasks.toolrl import toolrl_problem
@@ -138,8 +139,8 @@ def source_rows(src: str | Path) -> list[tuple[str, dict[str, Any]]]:
 def _file_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     if path.suffix == ".json":
         try:
-            data = json.loads(path.read_bytes().decode("utf-8-sig"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            data = loads_bounded(path.read_bytes().decode("utf-8-sig"))
+        except ValueError:  # not UTF-8, not JSON, nested too deeply
             data = None  # located_rows names the place of the fault
         if isinstance(data, dict):
             return [(str(path), data)]

@@ -30,29 +30,21 @@ the first sample's keys, so every call returns the same keys, all numbers here).
 - :func:`compute_score`: ``toolrl_reward`` for a ``data_source`` containing ``"toolrl"``,
   ``math_verify_reward`` otherwise (verl's default function name, so ``path`` alone suffices).
 
-math-verify bounds its parsing with ``signal.alarm``, which works only in a process's main
-thread; elsewhere its ``parse`` raises and ``math_equal`` falls back to the last number, a
-different score (``\\boxed{\\frac{2}{4}}`` against ``\\frac{1}{2}`` is then 0). verl calls a
-synchronous reward from an executor thread, so off the main thread the check runs in a small
-pool of spawned processes (each calls ``math_equal`` in its own main thread): the same result
-as ``gear-rl train``, at the cost of one inter-process round trip per response.
+verl calls a synchronous reward from an executor thread; ``math_equal`` gives the same result on
+any thread (off the main thread it runs in its checker processes, see
+``gear_rl.tasks.math_check``), so a verl run scores exactly as ``gear-rl train``.
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import math
-import multiprocessing
-import multiprocessing.pool
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from gear_rl.safe_json import loads_bounded
 from gear_rl.tasks import toolrl as _toolrl
-from gear_rl.tasks.math_check import math_equal
+from gear_rl.tasks.math_check import checked_timeout, math_equal
 from gear_rl.tasks.verl_data import gold_answer
 
 __all__ = ["compute_score", "digit_share_reward", "math_gold", "math_verify_reward",
@@ -63,10 +55,6 @@ logger = logging.getLogger("gear_rl.integrations.verl.rewards")
 # Keyword arguments verl's reward managers add on their own (naive.py, run_single).
 _VERL_KWARGS = frozenset({"reward_router_address", "reward_model_tokenizer"})
 _TOOL_RESPONSE_END = "</tool_response>"
-_CHECK_PROCESSES = max(1, min(4, os.cpu_count() or 1))
-
-_pool: multiprocessing.pool.Pool | None = None
-_pool_lock = threading.Lock()
 
 
 # --- ground truths --------------------------------------------------------------------------
@@ -114,11 +102,12 @@ def toolrl_gold(ground_truth: Any) -> str:
         if "<tool_call>" in value or "<response>" in value:
             return value
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = loads_bounded(value)
+        except ValueError as exc:  # not JSON, or nested past the bound
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
             raise ValueError(
                 "ground_truth must be ToolRL's gold output (with <tool_call> or <response>) or "
-                f"JSON-encoded tool call(s); got text that is neither ({exc.msg}): "
+                f"JSON-encoded tool call(s); got text that is neither ({reason}): "
                 f"{ground_truth!r:.120}") from exc
     if isinstance(value, Mapping):
         value = [value]
@@ -139,50 +128,6 @@ def toolrl_gold(ground_truth: Any) -> str:
 
 
 # --- math -----------------------------------------------------------------------------------
-def _close_pool() -> None:
-    global _pool
-    with _pool_lock:
-        pool, _pool = _pool, None
-    if pool is not None:
-        pool.terminate()
-        pool.join()
-
-
-atexit.register(_close_pool)
-
-
-def _check_pool() -> multiprocessing.pool.Pool:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            # spawn: no fork of a process with threads (Ray, the event loop); each process
-            # imports the checker once, then calls math_equal in its own main thread
-            _pool = multiprocessing.get_context("spawn").Pool(
-                _CHECK_PROCESSES, initializer=__import__, initargs=("gear_rl.tasks.math_check",))
-        return _pool
-
-
-def _math_equal_in_main_thread(gold: str, response: str, timeout_s: float) -> bool:
-    """``math_equal(gold, response)`` evaluated in some process's main thread (see the module
-    docstring): here when this is the main thread, else in the spawned pool. A check that has
-    not answered in ``timeout_s`` counts as not equal and the pool is replaced."""
-    global _pool
-    if threading.current_thread() is threading.main_thread():
-        return math_equal(gold, response)
-    pool = _check_pool()
-    pending = pool.apply_async(math_equal, (gold, response))
-    try:
-        return bool(pending.get(timeout_s))
-    except multiprocessing.TimeoutError:
-        logger.warning("math check did not answer within %g s; scored 0 and restarting the "
-                       "checker processes", timeout_s)
-        with _pool_lock:
-            if _pool is pool:
-                _pool = None
-        pool.terminate()
-        return False
-
-
 def _check_extra_kwargs(function: str, kwargs: Mapping[str, Any], known: tuple[str, ...]) -> None:
     unknown = sorted(set(kwargs) - _VERL_KWARGS)
     if unknown:
@@ -237,16 +182,13 @@ def math_verify_reward(
     if not isinstance(final_turn_only, bool):
         raise ValueError(f"math_verify_reward: final_turn_only must be a bool, got "
                          f"{final_turn_only!r}")
-    if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-            or not math.isfinite(timeout_s) or timeout_s <= 0):
-        raise ValueError(f"math_verify_reward: timeout_s must be a positive number, got "
-                         f"{timeout_s!r}")
+    timeout_s = checked_timeout(timeout_s, "math_verify_reward: timeout_s")
     gold = math_gold(ground_truth)
     if not isinstance(solution_str, str):
         raise ValueError(f"solution_str must be a string, got {type(solution_str).__name__}")
     response = _final_turn(solution_str) if final_turn_only else solution_str
     try:
-        return 1.0 if _math_equal_in_main_thread(gold, response, float(timeout_s)) else 0.0
+        return 1.0 if math_equal(gold, response, timeout_s=timeout_s) else 0.0
     except Exception as exc:  # the checker must not stop training on one odd response
         logger.warning("math check failed (%s: %s); scored 0", type(exc).__name__, exc)
         return 0.0
@@ -312,15 +254,11 @@ def toolrl_reward(
         raise ValueError(f"solution_str must be a string, got {type(solution_str).__name__}")
     try:
         _toolrl.extract_tool_calls(gold)
-    except (ValueError, TypeError, RecursionError) as exc:
+    except (ValueError, TypeError) as exc:
         raise ValueError(f"ground_truth: its <tool_call> block does not parse: {exc}") from exc
-    try:
-        score = _toolrl.toolrl_reward(solution_str, gold, require_think=require_think,
-                                      no_call_gold=no_call_gold, matching=matching)
-        r_format, r_correct = score.format, score.correct
-    except RecursionError:  # JSON nested past the interpreter's limit: an unparsable call
-        r_format = _toolrl.format_reward(solution_str, gold, require_think=require_think)
-        r_correct = -3.0
+    score = _toolrl.toolrl_reward(solution_str, gold, require_think=require_think,
+                                  no_call_gold=no_call_gold, matching=matching)
+    r_format, r_correct = score.format, score.correct
     total = r_format + r_correct
     return {
         "score": total if reward_scale == "paper" else (total + 3.0) / 7.0,
