@@ -22,6 +22,7 @@ import yaml
 
 from conftest import kill_when
 from gear_rl.cli import main
+from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, machine_label
 from gear_rl.stats import (
     bootstrap_mean,
@@ -39,7 +40,6 @@ from gear_rl.study.runner import (
     resolve_parallelism,
     select_cells,
 )
-from gear_rl.dataclass_config import flatten_keys
 from gear_rl.train.config import config_to_dict, load_config
 from gear_rl.train.records import is_measurement
 from gear_rl.train.runtime import cpu_model, resolves_to_bf16
