@@ -105,11 +105,11 @@ def _study(diffs: dict[str, float], contrasts: dict[tuple[str, str], float],
                  "unfinished": [f"t/{key}-s{s}" for s in range(seeds, 5)],
                  "versus": versus(value), "ended_below_start": below.get(key, [])}
                 for key, value in diffs.items()]
-    task = {"key": "products", "label": "t", "methods": methods,
+    task = {"key": "products", "label": "t", "methods": methods, "k": 4, "final_step": 10,
             "contrasts": [{"key": key, "against": against, "versus": versus(value)}
                           for (key, against), value in contrasts.items()]}
-    return {"spec": "studies/x.yaml", "baseline": "grpo",
-            "tasks": [task, {**task, "key": "products_work"}]}
+    return {"spec": "studies/x.yaml", "baseline": "grpo", "metric": "mean@k",
+            "statistics": {"confidence": 0.95}, "tasks": [task, {**task, "key": "products_work"}]}
 
 
 def _verdict(tmp_path: Path, study: dict) -> str:
@@ -151,6 +151,33 @@ def test_credit_control_verdict_applies_each_branch(tmp_path: Path) -> None:
     step5 = _study(base, against)
     step5["tasks"][1]["key"] = "products_first"
     assert "here, even where the truth concentrates" in _verdict(tmp_path, step5)
+
+
+def test_credit_control_verdict_reads_only_the_registered_reading(tmp_path: Path) -> None:
+    """The rules are written for held-out Mean@4, 95% intervals, against grpo: a report judged
+    otherwise (the study file's metric, confidence, baseline or k changed) is refused, naming
+    it; a registration's amendments are printed above the verdicts."""
+    base = {"spo_chain": 0.0, "vineppo": 0.0, "gear": 0.0, "gear_mp": 0.0, "grpo_tokens": 0.2}
+    against = {("spo_chain", "grpo_tokens"): -0.2, ("vineppo", "grpo_tokens"): -0.2,
+               ("gear_mp", "gear"): 0.0}
+    path = tmp_path / "study.json"
+    for change, named in ((lambda s: s.update(metric="pass@k"), "metric 'pass@k'"),
+                          (lambda s: s.update(statistics={"confidence": 0.9}),
+                           "confidence 0.9"),
+                          (lambda s: s.update(baseline="gear"), "baseline 'gear'"),
+                          (lambda s: s["tasks"][1].update(k=8), "k [4, 8]")):
+        study = _study(base, against)
+        change(study)
+        path.write_text(json.dumps(study))
+        done = subprocess.run([sys.executable, str(VERDICT), str(path)], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and named in done.stderr, done.stderr
+        assert "another reading than the one the file's rules are registered for" in done.stderr
+    study = _study(base, against)
+    study["registration"] = {"amendments": [{"date": "2026-12-07", "reason": "a typo",
+                                             "changes": {"analysis.top_tokens": {}}}]}
+    out = _verdict(tmp_path, study)
+    assert "records 1 amendment(s)" in out and "- 2026-12-07: a typo (analysis.top_tokens)" in out
 
 
 def test_credit_control_verdict_gear_default(tmp_path: Path) -> None:
