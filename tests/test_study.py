@@ -772,6 +772,9 @@ def _stamps(folder: Path) -> dict[str, int]:
 def _comparable(out: Path) -> dict:
     data = json.loads((out / "study.json").read_text())
     data.pop("timing")
+    registration = data.pop("registration")  # only the time it was recorded may differ
+    registration.pop("registered")
+    data["registered_fields"] = registration
     return data
 
 

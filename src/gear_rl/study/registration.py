@@ -112,9 +112,10 @@ def read_registration(out: str | Path) -> dict[str, Any] | None:
                          "under)") from None
     if not isinstance(data, dict) or not isinstance(data.get("fields"), dict) or not all(
             isinstance(data.get(key), kind) for key, kind in
-            (("amendments", list), ("cells", dict), ("registered", str))):
-        raise ValueError(f"study: {path} is not a study registration (fields, registered, "
-                         "amendments, cells); restore it from version control")
+            (("amendments", list), ("cells", dict), ("registered", str),
+             ("fingerprint", str))):
+        raise ValueError(f"study: {path} is not a study registration (fields, fingerprint, "
+                         "registered, amendments, cells); restore it from version control")
     return data
 
 
