@@ -28,7 +28,11 @@ written down on 2026-12-06 (fifth session) with grpo_weak's task at 2 of 5 seeds
 reading (gear's MDD against grpo) is printed beside it with whether the two agree.
 
 A task or rule whose methods have fewer than 5 finished seeds is printed as pending, with what is
-left. Needs no model.
+left. The rules are registered for one reading of the report (:data:`REGISTERED`: held-out
+Mean@4, 95% intervals, against grpo): a ``study.json`` judged under another (the study file's
+metric, baseline, confidence or k changed) is refused, naming what differs, and the amendments
+its registration records (``gear-rl study ... amend=``) are printed above the verdicts. Needs no
+model.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ MONTE_CARLO = ("spo_chain", "vineppo")
 DEFAULT_TASKS = ("products", "products_work")  # the rule's "both tasks" (the study file)
 STEP5 = "products_first"  # issue 39 step 5's task: the file adds the share gear captures
 DEFAULT = Path("results/study/credit_control/study.json")
+REGISTERED = {"metric": "mean@k", "baseline": "grpo", "confidence": 0.95, "k": 4}
+"""The reading of the report the file's rules were written for (held-out Mean@4 at the final
+step, 95% paired intervals, every method against grpo)."""
 # the report's own reading of each interval (gear_rl.stats.verdict, stored in every "versus")
 BETTER, WITHIN = "better beyond noise", "within noise"
 
@@ -158,12 +165,37 @@ def gear_default(tasks: list[dict[str, Any]], baseline: str = "grpo") -> list[st
     return lines
 
 
+def reading(study: dict[str, Any]) -> dict[str, Any]:
+    """How ``study`` was judged, in :data:`REGISTERED`'s terms (its metric, baseline,
+    confidence and each task's k)."""
+    ks = sorted({task["k"] for task in study["tasks"] if task.get("final_step") is not None})
+    return {"metric": study["metric"], "baseline": study["baseline"],
+            "confidence": study["statistics"]["confidence"],
+            "k": ks[0] if len(ks) == 1 else ks or REGISTERED["k"]}
+
+
 def verdict(study: dict[str, Any]) -> list[str]:
-    """All the markdown lines for one ``study.json``."""
+    """All the markdown lines for one ``study.json``.
+
+    Raises:
+        ValueError: the report was judged under another reading than :data:`REGISTERED`.
+    """
+    judged = reading(study)
+    wrong = [f"{key} {judged[key]!r} (the rules' {value!r})" for key, value in REGISTERED.items()
+             if judged[key] != value]
+    if wrong:
+        raise ValueError("the report was judged under another reading than the one the file's "
+                         f"rules are registered for: {', '.join(wrong)}; write it with the "
+                         "registered study file")
     baseline = study["baseline"]
     lines = [f"## The pre-registered decisions of `{study['spec']}`", "",
              "Applied by `scripts/credit_control_verdict.py` to the report's numbers (held-out "
              "Mean@4 at the final step, 95% paired intervals over seeds).", ""]
+    amendments = (study.get("registration") or {}).get("amendments") or []
+    if amendments:
+        lines += [f"The study's registration records {len(amendments)} amendment(s) (study.md "
+                  "lists them):"] + [f"- {a['date']}: {a['reason']} ({', '.join(a['changes'])})"
+                                     for a in amendments] + [""]
     for task in study["tasks"]:
         lines += task_verdict(task, baseline)
     return lines + gear_default(study["tasks"], baseline)
@@ -183,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(verdict(study)))
     except KeyError as exc:
         print(f"{args.study}: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"{args.study}: {exc}", file=sys.stderr)
         return 2
     return 0
 

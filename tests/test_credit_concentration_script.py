@@ -46,8 +46,13 @@ def test_shares_of_the_decisive_prefix(tmp_path: Path) -> None:
 ON_CHECKPOINTS = SCRIPT.parent / "credit_on_checkpoints.py"
 
 
-def _check(folder: Path, rows: dict[str, float], ceiling: float) -> Path:
-    """A credit check's output folder holding only the scores the script reads."""
+CHECK_SETTINGS = {"groups": 16, "per_group": 2, "trajectories": 12, "continuations": 8,
+                  "replicates": 2, "seed": 0, "boundaries": "tokens", "every": 4,
+                  "confidence": 0.95, "bootstrap": 2000}
+
+
+def _check(folder: Path, rows: dict[str, float], ceiling: float, **settings) -> Path:
+    """A credit check's output folder holding only the scores and settings the script reads."""
     def score(value: float) -> dict:
         return {"value": value, "low": value - 0.1, "high": value + 0.1, "trajectories": 8,
                 "groups": 4}
@@ -58,7 +63,7 @@ def _check(folder: Path, rows: dict[str, float], ceiling: float) -> Path:
                   "scores": {"first": {"spearman": score(value)}}}
                  for name, value in rows.items()]
         + [{"label": "mine", "variant": True, "scores": {"first": {"spearman": score(0.9)}}}],
-        "ceiling": {"spearman": score(ceiling)}}}))
+        "ceiling": {"spearman": score(ceiling)}}, "settings": {**CHECK_SETTINGS, **settings}}))
     return folder
 
 
@@ -79,6 +84,25 @@ def test_credit_on_checkpoints_marks_each_cells_own_credit(tmp_path: Path) -> No
     assert lines[3].startswith("| gear_mp-s1 | 8 (4) | +0.60 [+0.50, +0.70] |")
     assert lines[3].endswith("| **-0.05 [-0.15, +0.05]** |")
     assert "mine" not in done.stdout  # variants are not the cell's methods
+    # the committed checks of both tasks (products_first's gear-s1 scored one prompt group: its
+    # values have no interval, which used to end the script with a TypeError)
+    for task in ("products_work", "products_first"):
+        committed = sorted((SCRIPT.parents[1] / "results/credit_check/credit_control" / task)
+                           .glob("*-s1"))
+        done = subprocess.run([sys.executable, str(ON_CHECKPOINTS), *map(str, committed)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    assert "(no interval, 1 group)" in done.stdout
+    assert lines[-1].startswith("Every check: groups=16, per_group=2, trajectories=12, ")
+    assert lines[-1].endswith("confidence=0.95, bootstrap=2000 (95% intervals over prompt groups).")
+    # a check judged otherwise (another confidence, or other settings) is not mixed in
+    for change, named in (({"confidence": 0.9}, "confidence is 0.95 in"),
+                          ({"continuations": 4}, "continuations is 8 in")):
+        odd = _check(tmp_path / f"odd{len(named)}-{next(iter(change))}" / "gear-s1", rows, 0.5,
+                     **change)
+        refused = subprocess.run([sys.executable, str(ON_CHECKPOINTS), str(spo), str(odd)],
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and named in refused.stderr, refused.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run([sys.executable, str(ON_CHECKPOINTS), str(empty)],
@@ -105,11 +129,11 @@ def _study(diffs: dict[str, float], contrasts: dict[tuple[str, str], float],
                  "unfinished": [f"t/{key}-s{s}" for s in range(seeds, 5)],
                  "versus": versus(value), "ended_below_start": below.get(key, [])}
                 for key, value in diffs.items()]
-    task = {"key": "products", "label": "t", "methods": methods,
+    task = {"key": "products", "label": "t", "methods": methods, "k": 4, "final_step": 10,
             "contrasts": [{"key": key, "against": against, "versus": versus(value)}
                           for (key, against), value in contrasts.items()]}
-    return {"spec": "studies/x.yaml", "baseline": "grpo",
-            "tasks": [task, {**task, "key": "products_work"}]}
+    return {"spec": "studies/x.yaml", "baseline": "grpo", "metric": "mean@k",
+            "statistics": {"confidence": 0.95}, "tasks": [task, {**task, "key": "products_work"}]}
 
 
 def _verdict(tmp_path: Path, study: dict) -> str:
@@ -151,6 +175,33 @@ def test_credit_control_verdict_applies_each_branch(tmp_path: Path) -> None:
     step5 = _study(base, against)
     step5["tasks"][1]["key"] = "products_first"
     assert "here, even where the truth concentrates" in _verdict(tmp_path, step5)
+
+
+def test_credit_control_verdict_reads_only_the_registered_reading(tmp_path: Path) -> None:
+    """The rules are written for held-out Mean@4, 95% intervals, against grpo: a report judged
+    otherwise (the study file's metric, confidence, baseline or k changed) is refused, naming
+    it; a registration's amendments are printed above the verdicts."""
+    base = {"spo_chain": 0.0, "vineppo": 0.0, "gear": 0.0, "gear_mp": 0.0, "grpo_tokens": 0.2}
+    against = {("spo_chain", "grpo_tokens"): -0.2, ("vineppo", "grpo_tokens"): -0.2,
+               ("gear_mp", "gear"): 0.0}
+    path = tmp_path / "study.json"
+    for change, named in ((lambda s: s.update(metric="pass@k"), "metric 'pass@k'"),
+                          (lambda s: s.update(statistics={"confidence": 0.9}),
+                           "confidence 0.9"),
+                          (lambda s: s.update(baseline="gear"), "baseline 'gear'"),
+                          (lambda s: s["tasks"][1].update(k=8), "k [4, 8]")):
+        study = _study(base, against)
+        change(study)
+        path.write_text(json.dumps(study))
+        done = subprocess.run([sys.executable, str(VERDICT), str(path)], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 2 and named in done.stderr, done.stderr
+        assert "another reading than the one the file's rules are registered for" in done.stderr
+    study = _study(base, against)
+    study["registration"] = {"amendments": [{"date": "2026-12-07", "reason": "a typo",
+                                             "changes": {"analysis.top_tokens": {}}}]}
+    out = _verdict(tmp_path, study)
+    assert "records 1 amendment(s)" in out and "- 2026-12-07: a typo (analysis.top_tokens)" in out
 
 
 def test_credit_control_verdict_gear_default(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B] [seeds=0,1]
-[tasks=A,B] [train=false] [progress=false]``."""
+[tasks=A,B] [train=false] [progress=false] [amend=WHY]``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B]
                      [seeds=0,1] [tasks=A,B] [train=false] [progress=false]
+                     [amend=WHY]
 
 Train every cell (task x method x seed) of a study file with identical settings, then write
 study.md, study.json and plots/ into out= (default runs/study/<name>). Rerun the same command
@@ -29,9 +30,14 @@ the file and every number.
                 or seeds=, all must match)
   train=false   only write the results from the cells finished so far
   progress=false  no progress bar
+  amend=WHY     record a change of the study file made after cells finished (its metric,
+                baseline, statistics, methods, seeds...) as an amendment, with this reason:
+                without it such a change is refused. The date, the reason and the old and
+                new values go into OUT/registration.json and study.md. What a finished cell
+                trained under cannot be amended (retrain it, or choose another out=).
 """
 
-_KEYS = ("out", "jobs", "threads", "methods", "seeds", "tasks", "train", "progress")
+_KEYS = ("out", "jobs", "threads", "methods", "seeds", "tasks", "train", "progress", "amend")
 
 
 def _bool(key: str, value: str) -> bool:
@@ -71,7 +77,7 @@ def main(argv: list[str]) -> int:
     from gear_rl.dataclass_config import check_output_folder
     from gear_rl.rundir import RunDir
     from gear_rl.study.report import analyze_study, write_study
-    from gear_rl.study.runner import run_study, select_cells
+    from gear_rl.study.runner import register_study, run_study, select_cells
     from gear_rl.study.spec import load_spec
 
     try:
@@ -99,10 +105,14 @@ def main(argv: list[str]) -> int:
         seeds = _seeds(options["seeds"]) if "seeds" in options else None
         tasks = _names("tasks", options["tasks"]) if "tasks" in options else None
         selected = select_cells(spec, methods, seeds, tasks)  # a bad one fails before training
+        amend = options.get("amend")
         run = None
         if train:
             run = run_study(spec, out, jobs=jobs, threads=threads, progress=progress,
-                            methods=methods, seeds=seeds, tasks=tasks)
+                            methods=methods, seeds=seeds, tasks=tasks, amend=amend)
+        else:
+            for line in register_study(spec, out, amend=amend):
+                print(line, file=sys.stderr)
         result = write_study(analyze_study(spec, out))
     except ValueError as error:
         print(f"gear-rl study: {error}", file=sys.stderr)

@@ -32,7 +32,8 @@ from gear_rl.stats import (
     minimum_detectable,
     paired_difference,
 )
-from gear_rl.study.runner import machine_info
+from gear_rl.study.registration import REGISTRATION, format_changes, require_registered
+from gear_rl.study.runner import machine_info, plan_cells
 from gear_rl.study.spec import SAMPLES_KEY, Cell, MethodSpec, StudySpec, TaskSpec
 from gear_rl.train.evaluate import read_eval_records
 
@@ -156,12 +157,15 @@ class StudyResult:
 
     Attributes:
         spec: the study. ``out``: its folder. ``tasks``: per task.
+        registration: the folder's registration (:mod:`gear_rl.study.registration`; None:
+            none recorded).
         markdown, json: the written files (None until :func:`write_study`).
     """
 
     spec: StudySpec
     out: Path
     tasks: list[TaskResult]
+    registration: dict[str, Any] | None = None
     markdown: Path | None = None
     json: Path | None = None
 
@@ -244,11 +248,20 @@ def _top_tokens(cells: list[CellResult], threshold: float, limit: int
 def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
     """Read the finished cells of ``spec`` under ``out`` and compute every task's tables.
 
+    The cells are judged only under what they were trained and judged under: every cell folder
+    must hold a run of the config ``spec`` gives it, and ``spec`` must match the folder's
+    registration, or its amendments (:func:`gear_rl.study.runner.register_study` records them).
+
     Raises:
-        ValueError: a task's finished cells differ in a setting they must share, or in their
-            held-out problems or k; a finished cell without eval records at its final step.
+        ValueError: a cell folder holding a run of another config; a registered field changed
+            after a cell finished without an amendment; a task's finished cells differ in a
+            setting they must share, or in their held-out problems or k; a finished cell
+            without eval records at its final step.
     """
     out = Path(out)
+    planned = plan_cells(spec, out)
+    registration = require_registered(spec, out, [p.cell.name for p in planned
+                                                   if p.state == "finished"])
     tasks = []
     for task in spec.tasks:
         methods = []
@@ -280,7 +293,7 @@ def analyze_study(spec: StudySpec, out: str | Path) -> StudyResult:
                                 finished[0].k if finished else 0,
                                 finished[0].problems if finished else [], top, sources,
                                 by_step=by_step, contrasts=contrasts))
-    return StudyResult(spec, out, tasks)
+    return StudyResult(spec, out, tasks, registration)
 
 
 def _compare(spec: StudySpec, methods: list[MethodResult], step: int | None = None) -> None:
@@ -564,6 +577,31 @@ def _machines_line(groups: dict[str, list[str]], mixed: dict[str, dict[str, list
             + "; ".join(parts) + ". " + per_seed)
 
 
+def _registration_lines(record: dict[str, Any] | None) -> list[str]:
+    """The registration's paragraph of ``study.md``: when it was recorded (or adopted), and
+    every amendment with its date, reason and changes."""
+    if record is None:
+        return ["Registration: none recorded (`gear-rl study` records what the cells are "
+                f"trained and judged under in `{REGISTRATION}` before its first cell trains).",
+                ""]
+    if record.get("adopted"):
+        head = (f"Registration (`{REGISTRATION}`): adopted on {record['registered']} from the "
+                "study file as it was then; the cells that had finished predate registrations, "
+                "so what they were judged under before that is not on record.")
+    else:
+        head = (f"Registration (`{REGISTRATION}`): recorded on {record['registered']}, before "
+                "any cell finished.")
+    amendments = record["amendments"]
+    lines = [head + (f" Amended {len(amendments)} time(s) since:" if amendments
+                     else " Not amended since."), ""]
+    for number, entry in enumerate(amendments, 1):
+        changes = {key: (change.get("old"), change.get("new"))
+                   for key, change in entry.get("changes", {}).items()}
+        lines.append(f"{number}. {entry.get('date')}, after {entry.get('cells_finished')} "
+                     f"cell(s) finished: {entry.get('reason')} ({format_changes(changes)})")
+    return lines + ([""] if amendments else [])
+
+
 def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any]) -> str:
     spec = result.spec
     stats = spec.statistics
@@ -581,6 +619,7 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
               "per cell (machines shared with other work: timings are indicative).",
               _machines_line(cell_machines(result), mixed_seeds(result)), "",
               f"Baseline: {spec.method(spec.baseline).label}. Metric: held-out {spec.metric}.", ""]
+    lines += _registration_lines(result.registration)
     for task in result.tasks:
         lines += _task_markdown(spec, task)
     factor = minimum_detectable(1.0, confidence=stats.confidence, power=stats.power)
@@ -638,6 +677,7 @@ def _as_json(result: StudyResult, machine: dict[str, Any], timing: dict[str, Any
         "timing": {**timing, "machine": machine},
         "cell_machines": cell_machines(result),
         "mixed_seeds": mixed_seeds(result),
+        "registration": result.registration,
     }
 
 

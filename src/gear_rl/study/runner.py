@@ -5,6 +5,8 @@ The study folder ``OUT``::
 
     OUT/
       spec.yaml                     the study file, as last run
+      registration.json             what the cells are trained and judged under, with its
+                                    amendments (gear_rl.study.registration)
       timings.json                  wall seconds per cell (every attempt added up)
       cells/<task>/<method>-s<seed>/       the cell's gear-rl train run directory
       cells/<task>/<method>-s<seed>.yaml   the config it was started with
@@ -15,7 +17,9 @@ Each cell runs in its own process (``python -m gear_rl.study.cell``), so a crash
 cell; a killed study takes its running cells with it. Rerunning the same command continues:
 finished cells (``summary.json``) are never rerun, interrupted cells resume from their latest
 checkpoint (``resume=``), cells interrupted before their first checkpoint start again, and a
-cell folder holding a run of another config stops the study before anything trains.
+cell folder holding a run of another config stops the study before anything trains, as does a
+registered field (metric, baseline, ...) changed after a cell finished, unless the change is
+recorded as an amendment (:func:`register_study`).
 """
 
 from __future__ import annotations
@@ -38,13 +42,14 @@ import yaml
 from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, machine_label, read_jsonl, trained_on
-from gear_rl.study.spec import KEEP_POLICY, POLICY_DIR, Cell, StudySpec
+from gear_rl.study.registration import note_finished, register
+from gear_rl.study.spec import CELL_FREE, KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
 from gear_rl.train.runtime import cpu_model, resolve_device, resolves_to_bf16
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
-           "machine_info", "mixed_seed_warnings", "plan_cells", "run_state", "run_study",
-           "select_cells"]
+           "machine_info", "mixed_seed_warnings", "plan_cells", "register_study", "run_state",
+           "run_study", "select_cells"]
 
 # Measured by benchmarks/study_parallel.py on the project's 2-core Xeon (AMX), shared with other
 # sessions (load average 8-12; docs/study.md): a pair of SmolLM2-135M cells (2 steps) took 544 s
@@ -55,11 +60,6 @@ DEFAULT_JOBS_PER_CORE = 1
 # Peak resident memory of one SmolLM2-135M cell in that benchmark was 5.0 GB: a bound on how
 # many cells run at once.
 CELL_MEMORY_GB = 6.0
-
-# Settings a resumed cell may change (what gear_rl.train.runtime.resume_config allows), left
-# out when a cell folder's saved config is checked against the spec's.
-_RESUMABLE = ("threads", "device", "log", "resume", "out")
-
 
 def machine_info() -> dict[str, Any]:
     """The CPU model, core count, AMX / AVX-512 flags, memory and torch version."""
@@ -206,27 +206,62 @@ def run_state(run_dir: str | Path, wanted: Mapping[str, Any], *,
     return run.state()
 
 
+_SHOWN = 6  # cells named in a refusal; the rest are counted
+
+
 def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:
     """Every cell with its config and the state of its folder (``new``, ``finished``,
-    ``interrupted``, ``no_checkpoint``), checked before anything trains.
+    ``interrupted``, ``no_checkpoint``), checked before anything trains or is judged.
 
     Raises:
-        ValueError: a cell folder holds a run whose config differs from the spec's (in
-            anything but the settings a resume may change: threads, device, log.*).
+        ValueError: cell folders hold runs whose config differs from the spec's (in anything
+            but the settings a resume may change: threads, device, log.*), naming every such
+            cell and the settings it differs in. A cell's training cannot be amended.
     """
     out = Path(out)
-    planned = []
+    planned, wrong = [], []
     for cell in spec.cells():
         config = spec.cell_config(cell, out)
         config.log.progress = False  # the study shows the progress; a bar in a log is noise
         wanted = config_to_dict(config)
         try:
-            state = run_state(cell.run_dir(out), wanted, ignore=_RESUMABLE)
+            state = run_state(cell.run_dir(out), wanted, ignore=CELL_FREE)
         except ValueError as error:
-            raise ValueError(f"study: cell {cell.name}: {error}: the study file changed since "
-                             "this cell ran; restore it, or choose another out=") from None
+            wrong.append(f"cell {cell.name}: {error}")
+            continue
         planned.append(Planned(cell, config, cell.run_dir(out), state))
+    if wrong:
+        shown = "; ".join(wrong[:_SHOWN]) + (f"; and {len(wrong) - _SHOWN} more cell(s)"
+                                             if len(wrong) > _SHOWN else "")
+        raise ValueError(f"study: {shown}: the study file changed since "
+                         f"{'this cell' if len(wrong) == 1 else f'these {len(wrong)} cells'} "
+                         "ran, and what a cell trained under cannot be amended: restore the "
+                         "file, remove the cell folders to train them again, or choose "
+                         "another out=")
     return planned
+
+
+def register_study(spec: StudySpec, out: str | Path, *, amend: str | None = None,
+                   planned: list[Planned] | None = None) -> list[str]:
+    """Check the study folder ``out`` against ``spec`` and record its registration
+    (:mod:`gear_rl.study.registration`): every cell folder must hold a run of the config the
+    spec gives it (:func:`plan_cells`, or ``planned`` when already made), and a registered
+    field changed after a cell finished needs ``amend`` (the reason, recorded). Writes
+    ``OUT/registration.json`` and ``OUT/spec.yaml`` (the study file); returns the lines to
+    tell the user. What ``gear-rl study`` runs before training, and with ``train=false``.
+
+    Raises:
+        ValueError: a cell folder holding a run of another config; a changed registered field
+            without ``amend``; an ``amend`` with nothing to amend.
+    """
+    out = Path(out)
+    planned = plan_cells(spec, out) if planned is None else planned
+    out.mkdir(parents=True, exist_ok=True)
+    lines = register(spec, out, [p.cell.name for p in planned if p.state == "finished"],
+                     amend=amend)
+    if spec.path is not None:
+        atomic_write_text(out / "spec.yaml", spec.path.read_text(encoding="utf-8"))
+    return lines
 
 
 class _Timings:
@@ -323,7 +358,7 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
               on_cell: Callable[[CellOutcome], None] | None = None,
               methods: Sequence[str] | None = None,
               seeds: Sequence[int] | None = None,
-              tasks: Sequence[str] | None = None) -> StudyRun:
+              tasks: Sequence[str] | None = None, amend: str | None = None) -> StudyRun:
     """Train every unfinished cell of ``spec`` under ``out`` (see the module docstring).
 
     Args:
@@ -337,11 +372,14 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
         methods, seeds, tasks: train only the cells of these methods, seeds and tasks
             (:func:`select_cells`; None: all). Every cell is still planned and checked; the
             others are left as they are for a later run.
+        amend: the reason for a change of a registered field after cells finished, recorded
+            as an amendment (:func:`register_study`).
 
     Raises:
         ValueError: a bad ``jobs``/``threads``/``methods``/``seeds``/``tasks``, a study
-            folder in use by another study, or a cell folder holding a run of another config
-            (checked before anything trains).
+            folder in use by another study, a cell folder holding a run of another config, or
+            a registered field changed after cells finished without ``amend`` (checked before
+            anything trains).
     """
     jobs, threads = resolve_parallelism(jobs, threads)
     if jobs < 1 or threads < 1:
@@ -355,8 +393,8 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     started = time.perf_counter()
     try:
         planned = plan_cells(spec, out)
-        if spec.path is not None:
-            atomic_write_text(out / "spec.yaml", spec.path.read_text(encoding="utf-8"))
+        for line in register_study(spec, out, amend=amend, planned=planned):
+            print(line, file=sys.stderr)
         result = StudyRun(out=out, planned=planned)
         todo = []
         for item in planned:
@@ -368,9 +406,12 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
         result.warnings = mixed_seed_warnings(planned, todo)
         for line in result.warnings:
             print(line, file=sys.stderr)
-        _train(todo, len(selected), out, jobs=jobs, threads=threads, progress=progress,
-               python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
-               on_cell=on_cell)
+        try:
+            _train(todo, len(selected), out, jobs=jobs, threads=threads, progress=progress,
+                   python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
+                   on_cell=on_cell)
+        finally:  # the cells that finished now, under the registration in force
+            note_finished(out, [p.cell.name for p in planned if RunDir(p.run_dir).finished()])
     finally:
         folder.unlock()
     result.seconds = time.perf_counter() - started

@@ -27,8 +27,8 @@ from gear_rl.dataclass_config import flatten_keys, read_yaml
 from gear_rl.report.compare import COMPARABLE
 from gear_rl.train.config import TrainConfig, load_config
 
-__all__ = ["KEEP_POLICY", "METRICS", "POLICY_DIR", "SAMPLES_KEY", "Cell", "MethodSpec",
-           "StatsSpec", "StudySpec", "TaskSpec", "load_spec", "parse_spec"]
+__all__ = ["CELL_FREE", "KEEP_POLICY", "METRICS", "POLICY_DIR", "SAMPLES_KEY", "Cell",
+           "MethodSpec", "StatsSpec", "StudySpec", "TaskSpec", "load_spec", "parse_spec"]
 
 METRICS = ("mean@k", "pass@k")
 """What a study compares: held-out Mean@k (fraction of a problem's k samples that are correct)
@@ -41,6 +41,10 @@ _RESERVED = {"estimator": "set by each method (methods.NAME.estimator)",
              "resume": "the study resumes interrupted cells itself",
              "threads": "a knob of the runner: gear-rl study SPEC threads=N",
              "eval.records": "always on in a study (the paired statistics read the records)"}
+CELL_FREE = ("threads", "device", "log", "resume", "out")
+"""Top-level train settings a cell may change without becoming another cell (what a resumed run
+may change, less ``steps`` and ``eval.every``, which the study fixes): left out when a cell
+folder is checked against the spec, and out of the study's registration."""
 _TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks", "methods",
         "contrasts", "statistics", "analysis", "keep_checkpoints")
 _TASK_KEYS = ("label", "overrides")
