@@ -18,6 +18,8 @@
 #     metrics for both steps. Needs the environment .venv/verl-gpu (verl[vllm]==0.9.1,
 #     TransferQueue==0.1.11, gear-rl editable), built here on first use (network to PyPI; several
 #     GB) and only where nvidia-smi lists a GPU.
+#     With c, (d): the same job on gear-rl's Sokoban levels, GiGPO through the gear_env agent loop
+#     (multi-turn: each move sampled by vLLM, the next board back as observation tokens); PASS as c.
 #
 # Environment:
 #   GEAR_RL_TORCH, PIP_INDEX_URL   the torch requirement and index for .venv (scripts/setup_venv.sh)
@@ -221,6 +223,43 @@ assert torch.cuda.is_available(), "torch sees no GPU"' \
   } > "$log" 2>&1
 }
 
+# run_verl_job LABEL LOG VERDICT... -- CMD...: one verl job in its own session, time-limited,
+# what is left of it ended and its /dev/shm segments removed; PASS/FAIL from the verdict.
+run_verl_job() {
+  local label="$1" log="$2"; shift 2
+  local verdict_cmd=()
+  while [ "$1" != "--" ]; do verdict_cmd+=("$1"); shift; done
+  shift
+  local t0 shm_before job rc wall reason verdict_line
+  t0="$(now)"
+  shm_before="$(ls /dev/shm 2>/dev/null)"
+  # its own session (id $job), so that what is left of it afterwards can be ended
+  (cd "$(dirname "$log")" && exec setsid --wait timeout --kill-after=30 "$timeout_s" "$@") \
+    > "$log" 2>&1 &
+  job=$!
+  trap 'pkill -TERM -s "$job" 2>/dev/null; sleep 5; pkill -KILL -s "$job" 2>/dev/null; exit 130' INT TERM
+  wait "$job"
+  rc=$?
+  trap - INT TERM
+  wall="$(since "$t0")"
+  pkill -KILL -s "$job" 2>/dev/null
+  # vLLM's psm_*, verl's verl_weights_* (GBs) and sem.mp-* that the job left in /dev/shm
+  comm -13 <(printf '%s\n' "$shm_before" | sort) <(ls /dev/shm 2>/dev/null | sort) \
+    | grep -E '^(psm_|verl_weights_|sem\.mp-)' | while read -r name; do
+      rm -f "/dev/shm/$name"; echo "removed /dev/shm/$name (left by the job)"; done
+  if [ $rc != 0 ]; then
+    reason="exit $rc"
+    [ $rc = 124 ] && reason="timed out after $timeout_s s"
+    record FAIL "$label" "$reason, wall $wall s ($log)"
+    tail_log "$log" 40
+  elif verdict_line="$("${verdict_cmd[@]}" 2>&1)"; then
+    record PASS "$label" "wall $wall s (start-up included), ${verdict_line#*: }"
+  else
+    record FAIL "$label" "exit 0 but ${verdict_line#*: }"
+    tail_log "$log" 40
+  fi
+}
+
 if want c; then
   vdir="$out/verl"
   ray_cpus="$(nproc 2>/dev/null || echo 16)"
@@ -246,8 +285,17 @@ if want c; then
        trainer.total_training_steps=2 trainer.val_before_train=False trainer.test_freq=-1
        trainer.save_freq=-1 "trainer.logger=[console]" trainer.experiment_name=device_check
        "trainer.default_local_dir=$vdir/checkpoints")
+  # (d): the same job on gear-rl's Sokoban levels, played by the gear_env agent loop, GiGPO
+  cmd_env=("${cmd[@]}" "data.train_files=$vdir/sokoban/train.parquet"
+           "data.val_files=$vdir/sokoban/test.parquet" data.max_prompt_length=512
+           data.max_response_length=384 algorithm.adv_estimator=gigpo
+           actor_rollout_ref.rollout.agent.default_agent_loop=gear_env
+           actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4
+           algorithm.gear.reference_kind=solution algorithm.gear.reference_key=extra_info.reference
+           trainer.experiment_name=device_check_sokoban "trainer.default_local_dir=$vdir/sokoban-checkpoints")
   data_cmd=("$py" "$helper" verl-data "$vdir/data")
   verdict=("$py" "$helper" verl-log "$vdir/main_ppo.log" --steps 2)
+  verdict_env=("$py" "$helper" verl-log "$vdir/sokoban.log" --steps 2 --label "(d) verl GiGPO on Sokoban")
   timeout_s="${DEVICE_CHECK_VERL_TIMEOUT:-1800}"
   if [ $dry_run = 1 ]; then
     echo; echo "# (c) verl + vLLM on the GPU (only where nvidia-smi lists a GPU)"
@@ -266,6 +314,10 @@ if want c; then
     echo "+ cd $vdir && timeout $timeout_s \\"
     show "${cmd[@]}"
     show "${verdict[@]}"
+    echo "# (d) GiGPO on Sokoban through the gear_env agent loop, after writing the levels:"
+    echo "+ $vpy -c \"from gear_rl.integrations.verl.data import write_example_data as w; w('sokoban', '$vdir/sokoban')\""
+    show "${cmd_env[@]}"
+    show "${verdict_env[@]}"
   elif [ $have_smi = 0 ]; then
     record SKIP "(c) verl main_ppo" "nvidia-smi does not work here, so the vLLM env is not built"
   elif [ $venv_ok = 0 ] || [ "$model_dir" = '$MODEL_DIR' ]; then
@@ -297,32 +349,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 EOF
     fi
     if [ $env_ok = 1 ]; then
-      t0="$(now)"
-      shm_before="$(ls /dev/shm 2>/dev/null)"
-      # its own session (id $job), so that what is left of it afterwards can be ended
-      (cd "$vdir" && exec setsid --wait timeout --kill-after=30 "$timeout_s" "${cmd[@]}") \
-        > "$vdir/main_ppo.log" 2>&1 &
-      job=$!
-      trap 'pkill -TERM -s "$job" 2>/dev/null; sleep 5; pkill -KILL -s "$job" 2>/dev/null; exit 130' INT TERM
-      wait "$job"
-      rc=$?
-      trap - INT TERM
-      wall="$(since "$t0")"
-      pkill -KILL -s "$job" 2>/dev/null
-      # vLLM's psm_*, verl's verl_weights_* (GBs) and sem.mp-* that the job left in /dev/shm
-      comm -13 <(printf '%s\n' "$shm_before" | sort) <(ls /dev/shm 2>/dev/null | sort) \
-        | grep -E '^(psm_|verl_weights_|sem\.mp-)' | while read -r name; do
-          rm -f "/dev/shm/$name"; echo "removed /dev/shm/$name (left by the job)"; done
-      if [ $rc != 0 ]; then
-        reason="exit $rc"
-        [ $rc = 124 ] && reason="timed out after $timeout_s s"
-        record FAIL "(c) verl main_ppo" "$reason, wall $wall s ($vdir/main_ppo.log)"
-        tail_log "$vdir/main_ppo.log" 40
-      elif verdict_line="$("${verdict[@]}" 2>&1)"; then
-        record PASS "(c) verl main_ppo" "wall $wall s (start-up included), ${verdict_line#*: }"
+      run_verl_job "(c) verl main_ppo" "$vdir/main_ppo.log" "${verdict[@]}" -- "${cmd[@]}"
+      # (d) step-level credit on an environment: GiGPO on Sokoban through gear-rl's gear_env
+      # agent loop (the rollout server plays each turn), same model and budget
+      if "$vpy" -c "from gear_rl.integrations.verl.data import write_example_data as w; w('sokoban', '$vdir/sokoban')" \
+          > "$vdir/sokoban-data.log" 2>&1; then
+        run_verl_job "(d) verl GiGPO on Sokoban" "$vdir/sokoban.log" "${verdict_env[@]}" -- "${cmd_env[@]}"
       else
-        record FAIL "(c) verl main_ppo" "exit 0 but ${verdict_line#*: }"
-        tail_log "$vdir/main_ppo.log" 40
+        record FAIL "(d) verl GiGPO on Sokoban" "could not write the levels ($vdir/sokoban-data.log)"
       fi
     fi
   fi

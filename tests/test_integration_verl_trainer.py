@@ -122,6 +122,20 @@ def test_bad_gear_settings_fail_before_any_worker_starts() -> None:
         gear_trainer.GEARTrainerSync(_config("algorithm.rollout_correction.bypass_mode=True"))
 
 
+@pytest.mark.parametrize("estimator", ["spo_chain", "vineppo"])
+def test_a_monte_carlo_estimator_runs_single_turn_in_the_sync_gear_mode_only(
+        estimator: str) -> None:
+    trainer = gear_trainer.GEARTrainerSync(_config(f"algorithm.adv_estimator={estimator}"))
+    assert trainer.gear_settings.needs_signals
+    with pytest.raises(ValueError, match="replay its tools or environment"):
+        gear_trainer.GEARTrainerSync(_config(
+            f"algorithm.adv_estimator={estimator}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"))
+    with pytest.raises(ValueError, match=r"needs trainer\.v1\.trainer_mode=gear"):
+        gear_trainer.GEARTrainerColocateAsync(_config(
+            f"algorithm.adv_estimator={estimator}", "trainer.v1.trainer_mode=gear_colocate_async"))
+
+
 @pytest.mark.parametrize("estimator", ["gigpo", "turn_level", "gagpo", "gated_bepo",
                                        "gear_steps"])
 def test_a_step_level_estimator_on_the_single_turn_loop_is_refused_before_workers(

@@ -85,15 +85,19 @@ def test_multi_turn_tasks_are_refused(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("estimator", ["spo_chain", "vineppo"])
-def test_trl_and_verl_refuse_them_by_name(estimator: str) -> None:
+def test_trl_refuses_them_by_name_and_verl_runs_them_with_its_values_phase(
+        estimator: str) -> None:
     from gear_rl.integrations.trl import trl_estimator
     from gear_rl.integrations.verl.estimators import settings_from_algorithm, verl_estimator_names
 
     with pytest.raises(ValueError, match=estimator):
         trl_estimator(estimator)
-    assert estimator not in verl_estimator_names()
-    with pytest.raises(ValueError, match="Monte-Carlo continuations"):
-        settings_from_algorithm({"adv_estimator": estimator, "gear": {}})
+    assert get_estimator(estimator).engine_limit("TRL").startswith("it needs Monte-Carlo")
+    # verl: the gear trainer mode's values phase (gear_rl.integrations.verl.values)
+    assert estimator in verl_estimator_names()
+    settings = settings_from_algorithm({"adv_estimator": estimator,
+                                        "gear": {"mc_samples": 3}})
+    assert settings.needs_signals and settings.config.mc_samples == 3
 
 
 def test_the_credit_check_scores_them_on_their_own_continuations(tmp_path, capsys) -> None:

@@ -96,19 +96,24 @@ def test_step_extras_from_env_rows_tool_rows_and_padding() -> None:
 
 # ------------------------------------------------------------------ a real job
 @pytest.mark.slow
-def test_gigpo_on_sokoban_through_verls_agent_loop_is_the_registrys(tmp_path) -> None:
+def test_step_level_credit_on_sokoban_through_verls_agent_loop_is_the_registrys(tmp_path) -> None:
+    """One job, ``gear_steps`` (GEAR's weights over GiGPO's step advantages: the teacher pass
+    on a multi-turn environment too, with the planner's moves as the hint): what verl trained
+    on equals the registry's ``gear_steps``, and the same dump gives every other step-level
+    estimator (GiGPO among them) finite credit, zero off the policy tokens."""
+    from gear_rl.integrations.verl import divergence_from_logprobs
     from test_verl_cpu_job import _check_run, _job
 
-    workdir = tmp_path
-    rc, log, run = _job(workdir, "gigpo", [
-        "algorithm.adv_estimator=gigpo", "trainer.v1.trainer_mode=gear",
-        f"++algorithm.gear.dump_dir={workdir}/run-gigpo/dump"], setting="sokoban")
+    rc, log, run = _job(tmp_path, "steps", [
+        "algorithm.adv_estimator=gear_steps", "trainer.v1.trainer_mode=gear",
+        f"++algorithm.gear.dump_dir={tmp_path}/run-steps/dump"], setting="sokoban")
     metrics = _check_run(rc, log)
     for values in metrics.values():
         assert values["num_turns/mean"] > 2  # multi-turn: boards came back between moves
+        assert values["gear/teacher_prompt_no_reference_frac"] == 0.0  # the hint was shown
     dumps = sorted((run / "dump").glob("step-*.pt"))
     assert len(dumps) == 2
-    credited = 0.0
+    credited = {name: 0.0 for name in STEP_ESTIMATORS}
     for path in dumps:
         record = torch.load(path)
         mask = record["response_mask"]
@@ -116,22 +121,20 @@ def test_gigpo_on_sokoban_through_verls_agent_loop_is_the_registrys(tmp_path) ->
         assert set(scores.tolist()) <= {0.0, 1.0}  # the environment's solve, nothing else
         extras = {k: record[k] for k in ("step_spans", "step_rewards", "state_keys")}
         assert all(len(s) >= 1 for s in extras["step_spans"])
+        signals = {"entropy": record["entropy"], "divergence": divergence_from_logprobs(
+            record["student_logprobs"], record["teacher_logprobs"], mask, "k3")}
         for name in STEP_ESTIMATORS:
             estimator = get_estimator(name)
-            values = {}
-            if "entropy" in estimator.needs:
-                values["entropy"] = record["entropy"]
-            if "divergence" in estimator.needs:
-                continue  # no teacher pass ran in this GiGPO job
             batch = CreditBatch(rewards=scores, group_ids=record["uid"], mask=mask,
-                                extras=extras, **values)
+                                extras=extras, **{k: signals[k] for k in estimator.needs})
             expected = estimator(batch, estimator.make_config(norm_by_std=True)).float()
             assert bool(torch.isfinite(expected).all()) and bool((expected[mask == 0] == 0).all())
-            if name == "gigpo":  # the job's own estimator: exactly what verl trained on
+            credited[name] += float((expected * mask).abs().sum())
+            if name == "gear_steps":  # the job's own estimator: exactly what verl trained on
                 torch.testing.assert_close(record["advantages"] * mask, expected * mask,
                                            rtol=0, atol=0)
-                credited += float((expected * mask).abs().sum())
-    assert credited > 0  # the walker's episodes differ: some steps get credit
+    # the walker's episodes differ in shaping rewards: GiGPO's step groups have credit to give
+    assert credited["gigpo"] > 0 and credited["gear_steps"] > 0, credited
     samples = [json.loads(line) for line in
                (run / "checkpoints" / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["mask"].count(0) > 0 for s in samples)  # boards are in the context

@@ -68,9 +68,11 @@ TEACHER_FIELDS: frozenset[str] = frozenset({"divergence", "teacher_logprobs"})
 # What an engine other than gear-rl's own trainer runs beyond token-level credit on its own
 # loss: ``step_level``, the turn spans, per-turn rewards and state keys of multi-turn rollouts
 # (verl: gear-rl's ``gear_env`` agent loop and the runs of policy tokens of its tool loop,
-# gear_rl.integrations.verl.agent_loop). An engine not listed adds nothing.
+# gear_rl.integrations.verl.agent_loop); ``monte_carlo``, a values phase that continues each
+# response's prefixes with the policy (verl: the gear trainer mode's, on the job's rollout
+# servers, gear_rl.integrations.verl.values). An engine not listed adds nothing.
 ENGINE_FEATURES: Mapping[str, frozenset[str]] = MappingProxyType({
-    "verl": frozenset({"step_level"}),
+    "verl": frozenset({"step_level", "monte_carlo"}),
     "TRL": frozenset(),
 })
 
@@ -164,7 +166,7 @@ class Estimator:
             return "its reward does not enter the loss"
         if self.self_distillation:
             return f"it needs a self-distillation loss {engine}'s loss does not have"
-        if self.mc_boundaries is not None:
+        if self.mc_boundaries is not None and "monte_carlo" not in features:
             return ("it needs Monte-Carlo continuations of each response between scoring and "
                     f"the update (gear-rl train's values phase), which {engine}'s step cannot run")
         return None

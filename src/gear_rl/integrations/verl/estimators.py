@@ -183,9 +183,10 @@ class VerlGEARSettings:
     @property
     def needs_signals(self) -> bool:
         """Whether the estimator reads anything verl does not pass to an estimator: per-token
-        signals, or (step-level) the turns of multi-turn rollouts; it then needs the ``gear``
-        trainer mode."""
-        return bool(self.estimator.needs) or self.estimator.step_level
+        signals, (step-level) the turns of multi-turn rollouts, or (Monte-Carlo) the values
+        phase's estimates; it then needs the ``gear`` trainer mode."""
+        return (bool(self.estimator.needs) or self.estimator.step_level
+                or self.estimator.mc_boundaries is not None)
 
 
 # algorithm.gear keys that are VerlGEARSettings' own fields, and those of its teacher prompt.
@@ -414,11 +415,12 @@ def provide_signals(signals: VerlSignals) -> Iterator[VerlSignals]:
 def _signal_fields(name: str, estimator: Estimator,
                    response_mask: torch.Tensor) -> tuple[VerlSignals | None, dict[str, Any]]:
     signals = _SIGNALS.get()
-    if not estimator.needs and not estimator.step_level:
+    if not estimator.needs and not estimator.step_level and estimator.mc_boundaries is None:
         return signals, {}
     if signals is None:
         what = (f"per-token {list(estimator.needs)}" if estimator.needs else
-                "the turns of each trajectory (it is step-level)")
+                "the turns of each trajectory (it is step-level)" if estimator.step_level else
+                "Monte-Carlo values of its responses' prefixes")
         raise ValueError(
             f"verl estimator {verl_name(name)!r} needs {what}, which "
             "verl does not pass to advantage estimators: run verl's v1 trainer with "
@@ -473,7 +475,7 @@ def make_verl_estimator(name: str) -> Any:
             raise ValueError("token_level_rewards must be a [B, T] tensor")
         settings = settings_from_algorithm(config, verl_name(name))
         signals, values = _signal_fields(name, estimator, response_mask)
-        extras = {} if signals is None or not estimator.step_level else signals.extras
+        extras = {} if signals is None else signals.extras
         if estimator.step_level and "step_spans" not in extras:
             raise ValueError(
                 f"verl estimator {verl_name(name)!r} is step-level, but the batch has no turn "

@@ -144,6 +144,10 @@ class GEARTrainerMixin:
                                   color="purple"):
                     self._compute_gear_teacher_log_prob(batch, metrics)
             signals = self._fetch_gear_signals(batch)
+            if settings.estimator.mc_boundaries is not None:
+                with marked_timer("gear_values", getattr(self, "timing_raw", {}),
+                                  color="cyan"):
+                    signals.extras.update(self._gear_values_phase(batch, signals, metrics))
             with provide_signals(signals):
                 batch = super()._compute_advantage(batch, metrics)  # type: ignore[misc]
             metrics.update(signals.metrics)
@@ -152,6 +156,94 @@ class GEARTrainerMixin:
         if settings is not None and settings.log_samples_per_step > 0:
             self._gear_pending = self._gear_step_records(rows, signals, settings)
         return batch
+
+    # ------------------------------------------------------------------ values phase
+    def on_sample_end(self) -> None:
+        """verl's sync loop puts the rollout servers to sleep here, right after sampling; a
+        Monte-Carlo estimator's values phase needs them awake with the step's weights, so
+        for those the sleep waits until the values are estimated (:meth:`_gear_values_phase`).
+        On GPUs the servers then hold their memory through the old-log-prob pass."""
+        settings = self.gear_settings
+        if settings is not None and settings.estimator.mc_boundaries is not None:
+            self._gear_sleep_pending = True
+            return
+        super().on_sample_end()  # type: ignore[misc]
+
+    def _gear_values_phase(self, batch: KVBatchMeta, signals: VerlSignals,
+                           metrics: dict) -> dict[str, Any]:
+        """``extras`` of a Monte-Carlo estimator (``token_texts``, ``mc_values``): ``V`` at the
+        boundaries it names, from continuations by the job's rollout servers scored by the
+        job's reward function (:mod:`gear_rl.integrations.verl.values`); then the rollout
+        servers' deferred sleep."""
+        from gear_rl.integrations.verl.values import call_reward, estimate_values
+
+        settings = self.gear_settings
+        assert settings is not None
+        try:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=["prompts", "responses", "rm_scores", "uid",
+                                                  "data_source", "reward_model",
+                                                  "extra_info"])
+            prompts, responses = _id_rows(data["prompts"]), _id_rows(data["responses"])
+            padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+            decode = self.tokenizer.decode
+            texts = [[decode([t], skip_special_tokens=True) for t in row] for row in responses]
+            uids = [str(u) for u in _prompt_rows(data["uid"])]
+            padded = data.select("rm_scores").to_padded_tensor()
+            credit = CreditBatch(rewards=padded["rm_scores"].float().sum(-1).cpu(),
+                                 group_ids=uids, mask=signals.response_mask.float().cpu(),
+                                 student_logprobs=signals.student_logprobs,
+                                 extras={"token_texts": texts})
+            assert settings.estimator.mc_boundaries is not None
+            boundaries = [[] if pad else list(b) for pad, b in zip(
+                padding, settings.estimator.mc_boundaries(credit, settings.config),
+                strict=True)]
+            sources = _prompt_rows(data["data_source"])
+            models = _prompt_rows(data["reward_model"])
+            infos = _prompt_rows(data["extra_info"])
+            reward_fn = _reward_function(self.config)
+            name = verl_adv_estimator(self.config)
+
+            def score(row: int, ids: list[int]) -> float:
+                model = models[row] if isinstance(models[row], dict) else {}
+                try:
+                    return call_reward(reward_fn, sources[row],
+                                       decode(ids, skip_special_tokens=True),
+                                       model.get("ground_truth"), infos[row])
+                except Exception as err:
+                    raise RuntimeError(
+                        f"algorithm.adv_estimator={name}: the job's reward function "
+                        f"(reward.custom_reward_function) raised while scoring a Monte-Carlo "
+                        f"continuation of row {row} (data_source {sources[row]!r}): "
+                        f"{err!r}") from err
+
+            rollout = self.config.actor_rollout_ref.rollout
+            sampling = {"temperature": float(rollout.temperature),
+                        "top_p": float(rollout.get("top_p", 1.0)),
+                        "top_k": int(rollout.get("top_k", -1))}
+            client = self.agent_loop_manager.llm_client
+
+            async def generate(prefix: list[int], max_tokens: int) -> list[int]:
+                out = await client.generate(uuid.uuid4().hex, prompt_ids=prefix,
+                                            sampling_params={**sampling,
+                                                             "max_tokens": max_tokens})
+                return list(out.token_ids)
+
+            result = estimate_values(
+                prompts, responses, boundaries, samples=settings.config.mc_samples,
+                max_response_length=int(rollout.response_length), generate=generate,
+                score=score, dedupe=settings.config.dedupe_prefixes)
+        finally:
+            if getattr(self, "_gear_sleep_pending", False):
+                self._gear_sleep_pending = False
+                super().on_sample_end()  # type: ignore[misc]
+        live = max(1, sum(not pad for pad in padding))
+        metrics[f"{METRIC_PREFIX}mc_continuation_tokens"] = float(result.tokens)
+        metrics[f"{METRIC_PREFIX}mc_prefixes"] = float(len(result.requests))
+        metrics[f"{METRIC_PREFIX}mc_boundaries_per_response"] = (
+            sum(map(len, boundaries)) / live)
+        self._gear_mc = result
+        return {"token_texts": texts, "mc_values": result.values}
 
     # ------------------------------------------------------------------ run log
     def _validate(self) -> dict[str, float]:
@@ -300,7 +392,16 @@ class GEARTrainerMixin:
                 value = getattr(signals, name)
                 if value is not None:
                     record[name] = value.cpu()
-            record.update(signals.extras)  # step-level estimators' step spans, rewards, states
+            # step-level estimators' step spans, rewards, states; Monte-Carlo estimators'
+            # token texts, values and each distinct prefix's continuation rewards
+            record.update(signals.extras)
+            mc = getattr(self, "_gear_mc", None)
+            if "mc_values" in signals.extras and mc is not None:
+                record["mc_requests"] = [
+                    {"prefix": list(r.prefix), "response_prefix": list(r.response_prefix),
+                     "budget": r.budget, "rows": [list(x) for x in r.rows]}
+                    for r in mc.requests]
+                record["mc_rewards"] = mc.rewards
         step = int(getattr(self, "global_steps", 0))
         buffer = io.BytesIO()
         torch.save(record, buffer)
@@ -427,6 +528,19 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                        "gear-rl estimator): running as verl's own loop", estimator)
         return None
     settings = settings_from_algorithm(algorithm)
+    if settings.estimator.mc_boundaries is not None:
+        loop = _get_path(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
+        mode = _get_path(config, "trainer.v1.trainer_mode")
+        if loop not in (None, "single_turn_agent"):
+            raise ValueError(
+                f"algorithm.adv_estimator={estimator} continues single-turn responses "
+                f"(Monte-Carlo values), and actor_rollout_ref.rollout.agent.default_agent_loop "
+                f"is {loop}: a continuation would have to replay its tools or environment")
+        if mode != "gear":
+            raise ValueError(
+                f"algorithm.adv_estimator={estimator} needs trainer.v1.trainer_mode=gear: its "
+                "values phase continues the step's responses on the rollout servers that "
+                f"sampled them, which {mode} keeps sampling the next batch with")
     if settings.estimator.step_level:
         loop = _get_path(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
         if loop in (None, "single_turn_agent"):
@@ -444,6 +558,19 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                 "which verl's old-log-prob pass skips in algorithm.rollout_correction.bypass_mode"
             )
     return settings
+
+
+def _reward_function(config: Any) -> Any:
+    """The job's reward function as verl's reward loop loads it (``reward.
+    custom_reward_function``, its ``reward_kwargs`` bound), or verl's default scorer."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    fn = get_custom_reward_fn(config)
+    if fn is None:
+        from verl.utils.reward_score import default_compute_score
+
+        fn = default_compute_score
+    return fn
 
 
 def verl_adv_estimator(config: Any) -> str:
