@@ -33,7 +33,8 @@ EOF
   pip_install() {
     local python="$1"
     shift
-    "$python" -m pip install -q --disable-pip-version-check -c "$constraints" "$@"
+    "$python" -m pip install -q --disable-pip-version-check --no-warn-conflicts \
+      -c "$constraints" "$@"
   }
   pip_install "$py" --no-deps "verl==0.9.1"
   # tensordict: verl asks <=0.10, whose wheels are built for older torch; 0.15 runs DataProto on
@@ -45,5 +46,9 @@ EOF
   # Re-register gear-rl's entry points (verl.plugins) in case pyproject.toml changed them.
   "$py" -m pip install -q --disable-pip-version-check --no-deps -e "$repo_root"
   rm -f "$constraints"
+  # pip's conflict warnings are off above (--no-warn-conflicts): verl keeps its tensordict pin
+  # and bfcl-eval (setup_venv.sh) its numpy, networkx and filelock pins. This accepts exactly
+  # those, saying why each is safe, and fails on any other.
+  "$py" "$repo_root/scripts/pip_conflicts.py"
   echo "$stamp" > "$venv/.gear-rl-integrations-stamp"
 fi

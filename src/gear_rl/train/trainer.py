@@ -1,6 +1,7 @@
 """The single-machine GRPO-family trainer: ``gear-rl train``.
 
-One step, top to bottom (:meth:`Trainer.step`), four calls:
+One step, top to bottom (:meth:`Trainer.step`), five calls, each a timed phase
+(``time/<name>``):
 
 1. **Rollout** (:meth:`Trainer.rollout`). ``rollout.prompts_per_step`` problems,
    ``rollout.samples_per_prompt`` (K) responses each, sampled with a KV cache until end of turn
@@ -8,15 +9,19 @@ One step, top to bottom (:meth:`Trainer.step`), four calls:
    tokens), environment tasks play one game per row (:func:`gear_rl.train.episodes.collect`,
    shared with evaluation). Rewards come from the task's scorer. Returns a
    :class:`~gear_rl.train.scoring.StepBatch`.
-2. **Score** (:meth:`Trainer.score`, no grad; :mod:`gear_rl.train.scoring`). The student's
+2. **Score** (phase ``signals``; :meth:`Trainer.score`, no grad;
+   :mod:`gear_rl.train.scoring`). The student's
    log-probs of its sampled tokens (PPO's "old" log-probs) and entropy; when the estimator's
    declaration needs the teacher, the same pass scores the responses under the
    ground-truth-conditioned teacher prompt for the per-token divergence
    (:func:`gear_rl.signals.token_signals`). Returns a :class:`~gear_rl.train.scoring.Scores`.
-3. **Credit** (:meth:`Trainer.credit`). The registered estimator
+3. **Values** (:meth:`Trainer.values`). Monte-Carlo values at the boundaries the estimator
+   names (``Estimator.mc_boundaries``: SPO-chain, VinePPO), from continuations the sampler
+   draws; nothing for other estimators.
+4. **Credit** (:meth:`Trainer.credit`). The registered estimator
    (:func:`gear_rl.credit.get_estimator`) turns rewards and signals into ``[B, T]`` token-level
    advantages. GEAR (arXiv 2605.11853) is the default.
-4. **Update** (:meth:`Trainer.update`; :mod:`gear_rl.train.update`). PPO clipped surrogate over
+5. **Update** (:meth:`Trainer.update`; :mod:`gear_rl.train.update`). PPO clipped surrogate over
    those advantages (+ optional KL to the initial policy, + self-distillation where the
    estimator declares it or ``loss.opsd_coef`` asks for it), ``loss.epochs`` passes of
    ``loss.minibatches`` AdamW steps with gradient clipping.
