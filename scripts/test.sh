@@ -37,4 +37,4 @@ for arg in "$@"; do
   case "$arg" in tests/*|*.py|*::*) exit 0 ;; esac
 done
 "$GEAR_RL_VERL_PY" -m pytest tests/test_integration_verl_trainer.py tests/test_verl_cpu_job.py \
-  tests/test_verl_agent_job.py tests/test_verl_recipe_parts.py "$@"
+  tests/test_verl_agent_job.py tests/test_verl_values.py tests/test_verl_recipe_parts.py "$@"
