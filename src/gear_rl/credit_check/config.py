@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gear_rl.dataclass_config import check_bool, check_int
-from gear_rl.train.config import SignalConfig
+from gear_rl.dataclass_config import check_bool, check_int, check_memory
+from gear_rl.train.config import CONTINUATION_BYTES, TOKEN_BYTES, SignalConfig, TrainConfig
 
 __all__ = ["BOUNDARY_MODES", "SIGNAL_KEYS", "SPLITS", "CreditCheckConfig", "Variant"]
 
@@ -178,6 +178,22 @@ class CreditCheckConfig:
         config = cls(**kwargs, variants=dict(variants))
         config.validate()
         return config
+
+    def check_memory(self, config: TrainConfig) -> None:
+        """Refuse settings whose memory cannot fit this machine
+        (:func:`~gear_rl.dataclass_config.check_memory`, at the trainer's floors): the sampled
+        trajectories (``groups`` prompt groups of ``rollout.samples_per_prompt`` responses of
+        up to ``rollout.max_new_tokens`` tokens, all held), one trajectory's continuations
+        (``replicates x continuations`` at its first boundary, at the least) and the bootstrap's
+        draws (``bootstrap x groups``, 24 bytes each)."""
+        check_memory({"groups": self.groups,
+                      "rollout.samples_per_prompt": config.rollout.samples_per_prompt,
+                      "rollout.max_new_tokens": config.rollout.max_new_tokens}, TOKEN_BYTES,
+                     "trajectory tokens")
+        check_memory({"replicates": self.replicates, "continuations": self.continuations},
+                     CONTINUATION_BYTES, "continuations of a trajectory's first boundary")
+        check_memory({"bootstrap": self.bootstrap, "groups": self.groups}, 24,
+                     "bootstrap draws")
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field; normalises ``variants`` to

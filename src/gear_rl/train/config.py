@@ -25,6 +25,7 @@ from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
     check_int,
+    check_memory,
     check_one_of,
     check_positive,
     check_unit_interval,
@@ -66,6 +67,19 @@ PRECISIONS: tuple[str, ...] = ("auto", "bf16", "fp32")
 TEACHER_ROWS: tuple[str, ...] = ("nonzero_advantage", "all")
 # ``device``: what torch takes.
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
+
+# Floors of what the items the memory-sizing knobs count cost, whatever the model
+# (:meth:`TrainConfig.check_memory`): only a setting that cannot fit is refused.
+TOKEN_BYTES = 64
+"""One token of a rollout or evaluation row: its id (int64), mask, log-probs, entropy,
+advantage and signals (fp32 each), before any KV cache or logits (kilobytes a token)."""
+PROBLEM_BYTES = 200
+"""One generated or loaded problem: its question, answer and record (Python objects)."""
+CONTINUATION_BYTES = 100
+"""One Monte-Carlo continuation held until its step's values are estimated: its token list
+(a Python list) and its reward, before any of its tokens."""
+SANDBOX_WORKER_BYTES = 20_000_000
+"""One warm sandbox worker: a Python interpreter with its preloaded modules."""
 
 
 @dataclass
@@ -510,6 +524,7 @@ class TrainConfig:
             raise ValueError(f"loss.minibatches ({self.loss.minibatches}) exceeds the rollout "
                              f"batch (rollout.prompts_per_step * rollout.samples_per_prompt = "
                              f"{batch} trajectories)")
+        self.check_memory(credit)
         distills = self.loss.opsd_weight(estimator.self_distillation) > 0
         if distills and self.signals.divergence not in ("full", "topk"):
             # The distillation loss differentiates the per-token divergence; the sampled-token
@@ -518,6 +533,32 @@ class TrainConfig:
                      else f"loss.opsd_coef={self.loss.opsd_coef}")
             raise ValueError("signals.divergence must be 'full' or 'topk' for the self-"
                              f"distillation loss ({cause}), got {self.signals.divergence!r}")
+
+    def check_memory(self, credit: Any) -> None:
+        """Refuse a knob that sizes memory past what this machine has
+        (:func:`~gear_rl.dataclass_config.check_memory`, at the floors above): the tokens of a
+        step's rollout and of an evaluation, the problems generated, the Monte-Carlo
+        continuations of a step (``credit.mc_samples``: at least one value estimate per
+        prompt; ``rollout.mc_batch_size`` bounds only how many decode at once, not how many
+        are held) and the sandbox's workers. ``credit``: the estimator's config."""
+        rollout = self.rollout
+        rows = {"rollout.prompts_per_step": rollout.prompts_per_step,
+                "rollout.samples_per_prompt": rollout.samples_per_prompt}
+        check_memory({**rows, "rollout.max_new_tokens": rollout.max_new_tokens}, TOKEN_BYTES,
+                     "rollout tokens")
+        check_memory({**rows, "agent.max_response_tokens": self.agent.max_response_tokens},
+                     TOKEN_BYTES, "rollout tokens of agent episodes")
+        check_memory({"eval.size": self.eval.size, "eval.k": self.eval.k,
+                      "eval.max_new_tokens": self.eval.max_new_tokens}, TOKEN_BYTES,
+                     "evaluation tokens")
+        check_memory({"train_size": self.train_size}, PROBLEM_BYTES, "training problems")
+        samples = getattr(credit, "mc_samples", None)
+        if isinstance(samples, int):
+            check_memory({"credit.mc_samples": samples,
+                          "rollout.prompts_per_step": rollout.prompts_per_step},
+                         CONTINUATION_BYTES, "Monte-Carlo continuations a step")
+        check_memory({"agent.sandbox_workers": self.agent.sandbox_workers},
+                     SANDBOX_WORKER_BYTES, "sandbox worker processes")
 
     def credit_estimator(self) -> Estimator:
         """The registered estimator ``estimator`` names (``plugins`` imported first); an unknown
