@@ -34,6 +34,7 @@ from gear_rl.dataclass_config import (
     parse_overrides,
     read_yaml,
     settable_keys,
+    shown,
     update_from_dict,
 )
 from gear_rl.signals import DIVERGENCE_KINDS as DIVERGENCES
@@ -291,7 +292,7 @@ class SignalConfig:
         if self.divergence != "topk" and self.topk is not None:
             # the signal pass refuses it (at the first step, after the run folder exists)
             raise ValueError(f"{prefix}topk={self.topk} applies to {prefix}divergence=topk "
-                             f"only, and {prefix}divergence is {self.divergence!r}: set "
+                             f"only, and {prefix}divergence is {shown(self.divergence)}: set "
                              f"{prefix}divergence=topk, or drop {prefix}topk")
         if self.answer_template is not None and "{reference}" not in self.answer_template:
             raise ValueError(f"{prefix}answer_template must contain '{{reference}}'")
@@ -427,7 +428,7 @@ class LogConfig:
         check_report_to(prefix + "report_to", self.report_to)
         if not self.project.strip():
             raise ValueError(f"{prefix}project must name the W&B / trackio project, got "
-                             f"{self.project!r}")
+                             f"{shown(self.project)}")
 
 
 @dataclass
@@ -507,7 +508,7 @@ class TrainConfig:
             raise ValueError("model must be smollm2-135m (bundled), tiny-random, or a local "
                              "Hugging Face model directory; got an empty value")
         if not _DEVICE.fullmatch(self.device):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {shown(self.device)}")
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
             if dataclasses.is_dataclass(section):
@@ -532,7 +533,7 @@ class TrainConfig:
             cause = (f"estimator={self.estimator}" if estimator.self_distillation
                      else f"loss.opsd_coef={self.loss.opsd_coef}")
             raise ValueError("signals.divergence must be 'full' or 'topk' for the self-"
-                             f"distillation loss ({cause}), got {self.signals.divergence!r}")
+                             f"distillation loss ({cause}), got {shown(self.signals.divergence)}")
 
     def check_memory(self, credit: Any) -> None:
         """Refuse a knob that sizes memory past what this machine has
@@ -567,8 +568,8 @@ class TrainConfig:
         names = estimator_names()
         if self.estimator not in names:
             guess = nearest(str(self.estimator), names)
-            hint = f"did you mean {guess!r}? " if guess else ""
-            raise ValueError(f"unknown estimator {self.estimator!r}; {hint}registered: "
+            hint = f"did you mean {shown(guess)}? " if guess else ""
+            raise ValueError(f"unknown estimator {shown(self.estimator)}; {hint}registered: "
                              f"{', '.join(names)} (an estimator from another module needs "
                              "plugins=<module>)")
         return get_estimator(self.estimator)
@@ -585,7 +586,7 @@ class TrainConfig:
             hint = (f"did you mean 'credit.{guess}'?" if guess
                     else f"its keys: {', '.join('credit.' + name for name in settable)}")
             raise ValueError(f"unknown config key 'credit.{key}' for estimator "
-                             f"{estimator.name!r}; {hint}")
+                             f"{shown(estimator.name)}; {hint}")
         try:
             return estimator.make_config(**self.credit)
         except (TypeError, ValueError) as error:
@@ -719,7 +720,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         try:
             config_from_dict(data, config, unique_keys=True)
         except ValueError as error:
-            raise ValueError(f"config file {str(path)!r}: {error}") from None
+            raise ValueError(f"config file {shown(str(path))}: {error}") from None
     apply_overrides(config, overrides)
     if validate:
         config.validate()
