@@ -467,7 +467,8 @@ class RunDir:
         """``config.yaml`` as a dict ({} when absent)."""
         if not self.config_path.is_file():
             return {}
-        loaded = load_yaml(self.config_path.read_text(encoding="utf-8"), str(self.config_path))
+        loaded = load_yaml(self.config_path.read_text(encoding="utf-8"),
+                           f"run config {str(self.config_path)!r}")
         if loaded is None:
             return {}
         if not isinstance(loaded, dict):
