@@ -96,7 +96,9 @@ class RolloutConfig:
         batch_size: rows per generation batch (None: all at once).
         mc_batch_size: continuation rows per decoding batch of the Monte-Carlo values phase
             (SPO-chain, VinePPO: the continuations of every trajectory of the step decode
-            together, ordered by prefix length; ``gear_rl.mc_values.estimate_values``).
+            together, ordered by prefix length; ``gear_rl.mc_values.estimate_values``). It
+            bounds the decoding batch, not the continuations a step holds
+            (``credit.mc_samples``, bounded by the machine's memory: ``check_memory``).
         dtype: sampler weights: ``auto`` (bf16 where the device computes bf16 natively, else the
             policy's fp32), ``bf16`` or ``fp32``. The sampler is a copy of the policy refreshed
             after every update.
