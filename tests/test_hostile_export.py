@@ -208,3 +208,15 @@ def test_cli_subprocess_export_to_a_dangling_link_is_one_line(tiny_run: Path,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and "dangling link" in result.stderr, result.stderr
+
+
+def test_a_run_folder_holding_an_equals_sign_is_a_path_to_every_command(
+        tiny_run: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "lr=3e-5"
+    shutil.copytree(tiny_run, run)
+    assert main(["compare", str(run), "--out", str(tmp_path / "cmp")]) == 0
+    assert main(["eval", str(run), "eval.size=2", "eval.max_new_tokens=2"]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    capsys.readouterr()
+    assert main(["study", str(tmp_path / "a=b.yaml")]) == 2
+    assert "study spec" in capsys.readouterr().err  # read as the spec path (missing here)

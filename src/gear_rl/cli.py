@@ -425,7 +425,7 @@ def _compare(argv: list[str]) -> int:
                         help="compare runs whose task, model, budget or eval settings differ "
                              "(the tables then list the differing settings)")
     args = parser.parse_args(argv)
-    from gear_rl.dataclass_config import check_output_folder
+    from gear_rl.dataclass_config import check_output_folder, is_override
     from gear_rl.report.compare import compare_runs, format_comparison
 
     try:
@@ -433,7 +433,7 @@ def _compare(argv: list[str]) -> int:
             from gear_rl.study.compare import run_comparison  # trains: imports the trainer
 
             overrides = list(args.items)
-            if any("=" not in item for item in overrides):
+            if not all(is_override(item) for item in overrides):
                 raise ValueError("with --estimators, positional arguments are train key=value "
                                  "overrides; pass run directories without --estimators")
             if args.out is None:
@@ -449,7 +449,7 @@ def _compare(argv: list[str]) -> int:
             if args.seeds is not None or args.config is not None:
                 raise ValueError("--seeds and --config need --estimators (they say what to "
                                  "train)")
-            if not args.items or any("=" in item for item in args.items):
+            if not args.items or any(is_override(item) for item in args.items):
                 raise ValueError("give run directories to compare, or --estimators to train")
             comparison = compare_runs(args.items, args.out or "compare", baseline=args.baseline,
                                       confidence=args.confidence, alpha=args.alpha,
