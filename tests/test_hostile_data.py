@@ -52,7 +52,7 @@ def test_twenty_identical_rows_are_one_problem_and_the_split_refuses(tmp_path) -
     with pytest.warns(UserWarning, match=r"19 row\(s\) repeat the prompt") as caught, \
             pytest.raises(ValueError, match="1 distinct problem") as excinfo:
         load_task(str(path), eval_size=4)
-    assert str(path) in _one_line(excinfo) and "eval_path" in str(excinfo.value)
+    assert str(path) in _one_line(excinfo) and "eval_data" in str(excinfo.value)
     assert f"first: {path} line 2 repeats {path} line 1" in str(caught[0].message)
 
 

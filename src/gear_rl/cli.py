@@ -135,14 +135,16 @@ def _split_train_args(argv: list[str], first: str = "a config file"
                       ) -> tuple[str | None, list[str]]:
     """``[FIRST] key=value ...``: the optional positional first argument (``first`` names it
     in the error) and the overrides."""
+    from gear_rl.dataclass_config import is_override, shown
+
     config_path: str | None = None
     overrides: list[str] = []
     for arg in argv:
-        if "=" not in arg and config_path is None and not overrides:
+        if not is_override(arg) and config_path is None and not overrides:
             config_path = arg
-        elif "=" not in arg:
-            raise ValueError(f"argument {arg!r} is not key=value (only the first argument may be "
-                             f"{first})")
+        elif not is_override(arg):
+            raise ValueError(f"argument {shown(arg)} is not key=value (only the first argument "
+                             f"may be {first})")
         else:
             overrides.append(arg)
     return config_path, overrides
@@ -225,7 +227,7 @@ def _train(argv: list[str]) -> int:
 
 
 def _eval(argv: list[str]) -> int:
-    from gear_rl.dataclass_config import parse_overrides
+    from gear_rl.dataclass_config import coerce, parse_overrides
     from gear_rl.train.config import load_config, valid_keys
 
     if any(a in ("-h", "--help") for a in argv):
@@ -234,8 +236,8 @@ def _eval(argv: list[str]) -> int:
     try:
         target, overrides = _split_train_args(argv)
         parsed = parse_overrides(overrides)
-        records = bool(parsed.pop("records", False))
-        overrides = [o for o in overrides if not o.startswith("records=")]
+        records = coerce("records", parsed.pop("records", False), bool)
+        overrides = [o for o in overrides if o.partition("=")[0].strip() != "records"]
         checkpoint = None
         if target is not None:
             from pathlib import Path
@@ -285,14 +287,15 @@ the checkpoint's fp32. OUT must not exist (or be an empty folder); it appears wh
 
 
 def _export(argv: list[str]) -> int:
-    from gear_rl.dataclass_config import parse_overrides
+    from gear_rl.dataclass_config import is_override, parse_overrides
 
     if any(a in ("-h", "--help") for a in argv):
         print(_EXPORT_USAGE)
         return 0
+    paths: list[str] = []
     try:
-        paths = [a for a in argv if "=" not in a]
-        parsed = parse_overrides([a for a in argv if "=" in a])
+        paths = [a for a in argv if not is_override(a)]  # runs/lr=3e-5 is a path
+        parsed = parse_overrides([a for a in argv if is_override(a)])
         unknown = sorted(set(parsed) - {"step", "dtype", "out"})
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}: export takes step=N and "
@@ -422,7 +425,7 @@ def _compare(argv: list[str]) -> int:
                         help="compare runs whose task, model, budget or eval settings differ "
                              "(the tables then list the differing settings)")
     args = parser.parse_args(argv)
-    from gear_rl.dataclass_config import check_output_folder
+    from gear_rl.dataclass_config import check_output_folder, is_override
     from gear_rl.report.compare import compare_runs, format_comparison
 
     try:
@@ -430,7 +433,7 @@ def _compare(argv: list[str]) -> int:
             from gear_rl.study.compare import run_comparison  # trains: imports the trainer
 
             overrides = list(args.items)
-            if any("=" not in item for item in overrides):
+            if not all(is_override(item) for item in overrides):
                 raise ValueError("with --estimators, positional arguments are train key=value "
                                  "overrides; pass run directories without --estimators")
             if args.out is None:
@@ -446,7 +449,7 @@ def _compare(argv: list[str]) -> int:
             if args.seeds is not None or args.config is not None:
                 raise ValueError("--seeds and --config need --estimators (they say what to "
                                  "train)")
-            if not args.items or any("=" in item for item in args.items):
+            if not args.items or any(is_override(item) for item in args.items):
                 raise ValueError("give run directories to compare, or --estimators to train")
             comparison = compare_runs(args.items, args.out or "compare", baseline=args.baseline,
                                       confidence=args.confidence, alpha=args.alpha,

@@ -7,25 +7,35 @@ the trainer's :class:`~gear_rl.train.config.TrainConfig`, the credit check and t
   key is an error that names the nearest valid one (:func:`settable_keys`).
 - :func:`read_yaml`: a YAML file, with errors that name the file (and the line); a key given
   twice in one mapping is refused (and, with ``update_from_dict(unique_keys=True)``, one key
-  set both dotted and inside its section).
+  set both dotted and inside its section), and so are aliases that expand past
+  :data:`MAX_YAML_VALUES` values (an "alias bomb": a few hundred bytes that expand to
+  gigabytes wherever the value is copied or printed).
+- :func:`shown`: a user's value as an error message shows it, cut to :data:`SHOWN_CHARS`
+  characters; every message built from a user's value formats it through this.
 - :func:`field_docs` / :func:`field_default`: a field's description (its Google-style
   ``Attributes:`` entry, what ``--help`` prints) and its default.
 - ``check_*``: a section's field checks, raising ``ValueError`` that names ``<prefix><field>``
-  (:func:`check_int`: an integer within what torch and numpy take); :func:`check_file`,
-  :func:`check_folder`, :func:`check_output_folder`: a path given by the user, with errors that
-  say what is there instead (:func:`describe_path`: nothing, a directory, a FIFO...).
+  (:func:`check_int`: an integer within what torch and numpy take; :func:`check_memory`: a
+  knob whose items would not fit in this machine's memory, :func:`machine_memory`);
+  :func:`check_file`, :func:`check_folder`, :func:`check_output_folder` (the one check of
+  every command's output folder): a path given by the user, with errors that say what is there
+  instead (:func:`describe_path`: nothing, a directory, a FIFO, a read-only file system...).
+- :func:`is_override`: whether a command-line argument is a ``key=value`` override or a path
+  (``runs/a=b`` is a path).
 
 Nothing here knows a particular config: this module imports nothing from ``gear_rl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import inspect
 import math
 import os
 import re
+import reprlib
 import stat
 import types
 import typing
@@ -42,6 +52,7 @@ __all__ = [
     "check_finite",
     "check_folder",
     "check_int",
+    "check_memory",
     "check_one_of",
     "check_output_folder",
     "check_positive",
@@ -51,10 +62,14 @@ __all__ = [
     "field_default",
     "field_docs",
     "flatten_keys",
+    "is_override",
+    "load_yaml",
+    "machine_memory",
     "nearest",
     "parse_overrides",
     "read_yaml",
     "settable_keys",
+    "shown",
     "update_from_dict",
 ]
 
@@ -65,6 +80,28 @@ def nearest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | 
     """The candidate closest to ``word`` (``difflib``'s ratio at least ``cutoff``), or None."""
     close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=cutoff)
     return close[0] if close else None
+
+
+SHOWN_CHARS = 200
+"""The most characters of a user's value an error message shows (:func:`shown`)."""
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 3, 8, 8, 8
+_SHOWN.maxset = _SHOWN.maxfrozenset = _SHOWN.maxdeque = _SHOWN.maxarray = 8
+_SHOWN.maxstring = _SHOWN.maxother = _SHOWN.maxlong = SHOWN_CHARS
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to about :data:`SHOWN_CHARS` characters: the
+    first items of a long list, the ends of a long string, three levels of nesting. The work is
+    bounded too, so a value that is huge once expanded (a YAML alias bomb, a 10 MB string) is
+    never formatted whole. Every message that shows a user's value formats it through this."""
+    if isinstance(value, int) and value.bit_length() > 4 * SHOWN_CHARS:
+        return f"an integer of {len(hex(value)) * 1.2:.0f} or so digits"
+    text = _SHOWN.repr(value)
+    if len(text) > SHOWN_CHARS + 20:
+        text = f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+    return text
 
 
 # --- section checks ------------------------------------------------------------------------
@@ -98,19 +135,58 @@ def check_int(key: str, value: Any, minimum: int, *, optional: bool = False) -> 
     low = "-2**63" if minimum == -INT64_MAX - 1 else str(minimum)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key} must be an integer >= {low}{' or None' if optional else ''}, "
-                         f"got {value!r}")
+                         f"got {shown(value)}")
     if value < minimum:
-        raise ValueError(f"{key} must be an integer >= {low}, got {value}")
+        raise ValueError(f"{key} must be an integer >= {low}, got {shown(value)}")
     if value > INT64_MAX:
         raise ValueError(f"{key} must be an integer <= 2**63 - 1 (64 bits, what torch and numpy "
-                         f"take), got {value}")
+                         f"take), got {shown(value)}")
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this process may use: the machine's physical memory, or its control
+    group's limit where that is lower (a container, a scheduler's job); None where neither can
+    be read. ``GEAR_RL_MEMORY_BYTES`` sets it instead (a machine shared with other jobs)."""
+    given = os.environ.get("GEAR_RL_MEMORY_BYTES", "").strip()
+    if given.isdigit():
+        return int(given)
+    sizes = []
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            sizes.append(int(text))
+    return min(sizes) if sizes else None
+
+
+def check_memory(factors: Mapping[str, int], bytes_each: int, what: str) -> None:
+    """Refuse knobs whose product (``factors``: ``{key: value}``) counts items ``what`` that,
+    at ``bytes_each`` bytes each, would not fit in :func:`machine_memory`: a run that would be
+    killed for memory part-way (no message, minutes in) is refused at config time, naming its
+    keys. ``bytes_each`` is a floor, what one item costs at the least whatever the model, so
+    only what cannot fit is refused; what fits may still need more."""
+    memory = machine_memory()
+    count = math.prod(factors.values())
+    if memory is None or count * bytes_each <= memory:
+        return
+    keys = " x ".join(factors)
+    values = " x ".join(f"{value:,}" for value in factors.values())
+    product = f" = {values} = {count:,}" if len(factors) > 1 else f"={count:,}"
+    lower = "lower it" if len(factors) == 1 else "lower one of them"
+    raise ValueError(f"{keys}{product} {what} would need at least {count * bytes_each / 1e9:,.1f} "
+                     f"GB of memory ({bytes_each:,} bytes each at the least), and this machine "
+                     f"has {memory / 1e9:.1f} GB: {lower}")
 
 
 def check_bool(key: str, value: Any) -> None:
     """``value`` is a bool: a string such as ``"ture"`` (or a 2) would otherwise switch a knob
     on by its truth value; the error names ``key``."""
     if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, got {value!r}")
+        raise ValueError(f"{key} must be true or false, got {shown(value)}")
 
 
 def check_at_least(prefix: str, section: Any, minimum: int, *names: str) -> None:
@@ -140,9 +216,9 @@ def check_unit_interval(prefix: str, section: Any, *names: str) -> None:
 def check_one_of(key: str, value: Any, allowed: Sequence[str]) -> None:
     """``value`` is one of ``allowed``; the error names ``key`` and the nearest allowed value."""
     if value not in allowed:
-        guess = nearest(str(value), allowed)
+        guess = nearest(value, allowed) if isinstance(value, str) else None
         hint = f"; did you mean {guess!r}?" if guess else ""
-        raise ValueError(f"{key} must be one of {tuple(allowed)}, got {value!r}{hint}")
+        raise ValueError(f"{key} must be one of {tuple(allowed)}, got {shown(value)}{hint}")
 
 
 # --- keys, overrides, coercion -------------------------------------------------------------
@@ -187,19 +263,19 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
                 return coerce(key, value, option)
             except ValueError as error:
                 errors.append(str(error))
-        raise ValueError(errors[0] if errors else f"{key}: bad value {value!r}")
+        raise ValueError(errors[0] if errors else f"{key}: bad value {shown(value)}")
     if hint is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{key} must be a bool, got {value!r}")
+        raise ValueError(f"{key} must be a bool, got {shown(value)}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ValueError(f"{key} must be an int, got {value!r}")
+        raise ValueError(f"{key} must be an int, got {shown(value)}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -208,20 +284,20 @@ def coerce(key: str, value: Any, hint: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ValueError(f"{key} must be a number, got {value!r}")
+        raise ValueError(f"{key} must be a number, got {shown(value)}")
     if hint is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ValueError(f"{key} must be a string, got {value!r}")
+        raise ValueError(f"{key} must be a string, got {shown(value)}")
     if origin is list or hint is list:
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{key} must be a list of strings, got {value!r}")
+            raise ValueError(f"{key} must be a list of strings, got {shown(value)}")
         return list(value)
     if _is_mapping(hint):
         if not isinstance(value, Mapping):
-            raise ValueError(f"{key} must be a mapping, got {value!r}")
+            raise ValueError(f"{key} must be a mapping, got {shown(value)}")
         return dict(value)
     return value
 
@@ -244,12 +320,13 @@ class _Setter:
             return
         for other in self.claimed:
             if whole and other.startswith(full_key + "."):
-                raise ValueError(f"config key {full_key!r} is set as a whole after {other!r}, "
-                                 "which it would drop without a word: set the keys of "
-                                 f"{full_key!r} one way (dotted, or inside it), each once")
+                raise ValueError(f"config key {shown(full_key)} is set as a whole after "
+                                 f"{shown(other)}, which it would drop without a word: set "
+                                 "the keys of "
+                                 f"{shown(full_key)} one way (dotted, or inside it), each once")
             if other == full_key or (not whole and (other.startswith(full_key + ".")
                                                     or full_key.startswith(other + "."))):
-                raise ValueError(f"config key {other!r} is set twice (as a dotted key and "
+                raise ValueError(f"config key {shown(other)} is set twice (as a dotted key and "
                                  f"inside its section, or in two spellings of one key); only "
                                  f"the last would count: give it once")
         if not whole:
@@ -279,7 +356,7 @@ class _Setter:
             target[leaf] = value
             return
         if rest:
-            raise ValueError(f"unknown config key {full_key!r}: {name!r} has no sub-keys"
+            raise ValueError(f"unknown config key {shown(full_key)}: {name!r} has no sub-keys"
                              f"{self.pointer}")
         if _is_mapping(hint):  # the whole free-keyed field: it replaces any key set before
             self.claim(full_key, whole=True)
@@ -307,10 +384,10 @@ class _Setter:
             guesses = [close] if close else []
         if guesses:
             options = " or ".join(repr(key) for key in guesses)
-            return ValueError(f"unknown config key {full_key!r}; did you mean {options}?")
+            return ValueError(f"unknown config key {shown(full_key)}; did you mean {options}?")
         here = settable_keys(type(config), prefix, depth=1)
         where = f"{prefix[:-1]} keys" if prefix else "top-level keys"
-        return ValueError(f"unknown config key {full_key!r}; valid {where}: {', '.join(here)}"
+        return ValueError(f"unknown config key {shown(full_key)}; valid {where}: {', '.join(here)}"
                           f"{self.pointer}")
 
 
@@ -352,12 +429,12 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"override {item!r} is not of the form key=value")
+            raise ValueError(f"override {shown(item)} is not of the form key=value")
         key = key.strip()
         try:
             value = yaml.load(raw, Loader=_StrictLoader) if raw.strip() else ""
-        except _DuplicateKeyError as error:
-            raise ValueError(f"override {item!r}: {error.problem}") from None
+        except (_DuplicateKeyError, _AliasBombError) as error:
+            raise ValueError(f"override {shown(item)}: {error.problem}") from None
         except yaml.YAMLError:
             value = raw
         if isinstance(value, str) and _looks_like_float(raw):
@@ -378,10 +455,56 @@ class _DuplicateKeyError(yaml.constructor.ConstructorError):
     """A mapping that holds one key twice."""
 
 
+MAX_YAML_VALUES = 100_000
+"""The most values (scalars, lists, mappings) a YAML document may hold, counting each alias
+(``*name``) as the values it repeats: nine nested aliases of nine items each are 334 bytes
+that expand to 387 million values, which PyYAML builds as shared references but every copy
+(``dataclasses.asdict``) or message expands in full. A config or a study holds a few hundred
+values."""
+
+
+def _expanded_values(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for with every alias written out (``sizes``: the nodes
+    counted so far, by id; a node that holds itself counts as more than :data:`MAX_YAML_VALUES`
+    values)."""
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = MAX_YAML_VALUES + 1  # until counted: a node inside itself is unbounded
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children: list[yaml.Node] = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded_values(child, sizes)
+        if total > MAX_YAML_VALUES:
+            break
+    sizes[id(node)] = total
+    return total
+
+
+class _AliasBombError(yaml.constructor.ConstructorError):
+    """A document whose aliases expand past :data:`MAX_YAML_VALUES` values."""
+
+
 class _StrictLoader(yaml.SafeLoader):
     """PyYAML's safe loader, except that a mapping holding a key twice is an error (YAML
-    requires unique keys; PyYAML keeps the last value without a word). Keys a merge (``<<``)
-    brings in may still be overridden, as YAML's merge allows."""
+    requires unique keys; PyYAML keeps the last value without a word), and so is a document
+    whose aliases expand past :data:`MAX_YAML_VALUES` values. Keys a merge (``<<``) brings in
+    may still be overridden, as YAML's merge allows."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        sizes: dict[int, int] = {}
+        if _expanded_values(node, sizes) > MAX_YAML_VALUES:
+            raise _AliasBombError(
+                None, None, f"it expands to more than {MAX_YAML_VALUES:,} values (aliases, "
+                "*name, repeat their anchor's values wherever the document is copied or "
+                "shown; or an anchor holds itself): a config holds a few hundred; write the "
+                "values out, or repeat fewer", node.start_mark)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
@@ -397,7 +520,7 @@ class _StrictLoader(yaml.SafeLoader):
             if first is not None:
                 where = f"line {line}" if first == line else f"lines {first} and {line}"
                 raise _DuplicateKeyError(
-                    None, None, f"key {key!r} appears twice in one mapping ({where}); only "
+                    None, None, f"key {shown(key)} appears twice in one mapping ({where}); only "
                     "the last would count: keep one", key_node.start_mark)
             lines[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -413,11 +536,14 @@ def _path_kind(mode: int) -> str:
 
 def describe_path(path: str | Path) -> str:
     """What is at ``path``, for an error message: ``does not exist``, ``is a directory``,
-    ``is a named pipe (FIFO)``, ``is a regular file``... (links followed), or why it cannot be
-    looked at."""
+    ``is a named pipe (FIFO)``, ``is a regular file``... (links followed; a link to nothing
+    says so), or why it cannot be looked at."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
+        if os.path.islink(path):
+            return (f"is a symbolic link to {os.readlink(path)!r}, which does not exist "
+                    "(a dangling link)")
         return "does not exist"
     except NotADirectoryError:
         return "does not exist (a folder on its path is a file)"
@@ -448,11 +574,19 @@ def _check_kind(path: Path, what: str, test: Callable[[Path], bool], kind: str) 
 
 def check_output_folder(path: str | Path, what: str) -> Path:
     """``path`` if files can be written into it: a directory, or nothing yet (it is created)
-    below a directory. A file (or a FIFO...) there or on its way raises ``ValueError`` naming
-    ``what`` and the path."""
-    path = Path(path)
+    below a directory, on a file system this process may write. A file (or a FIFO, a dangling
+    link...) there or on its way, a read-only file system or a folder this process may not
+    write raises ``ValueError`` naming ``what`` and the path. The one check of every command
+    that writes an output folder (``train out=``, ``export``, ``report --out``, ``compare
+    --out``, ``credit-check out=``, ``study out=``), before it writes anything."""
+    path = Path(path).expanduser()
     for place in (path, *path.parents):
         if place.is_dir():
+            problem = _unwritable(place)
+            if problem:
+                where = "" if place == path else f" (it would be created in {str(place)!r})"
+                raise ValueError(f"{what} {str(path)!r} cannot be written{where}: {problem}; "
+                                 "give a folder on a writable file system")
             return path
         if os.path.lexists(place):
             found = describe_path(place)
@@ -462,18 +596,54 @@ def check_output_folder(path: str | Path, what: str) -> Path:
     return path
 
 
-def read_yaml(path: str | Path, what: str = "config file") -> Any:
-    """The YAML document at ``path`` (None for an empty file); a missing file (or a directory,
-    a FIFO...), invalid YAML (with its line; a key given twice in one mapping is invalid) or a
-    file that is not UTF-8 raises ``ValueError`` naming ``what`` and the path."""
-    path = check_file(path, what)
+def _unwritable(folder: Path) -> str | None:
+    """Why this process cannot create files in the existing ``folder`` (a read-only file
+    system, no permission, an immutable folder), or None."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError as error:
+        return f"it cannot be looked at ({error.strerror})"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "this process may not write there (permissions, or an immutable folder)"
+    return None
+
+
+def is_override(arg: str) -> bool:
+    """Whether a command-line argument is a ``key=value`` override: a dotted key (``step``,
+    ``rollout.temperature``, ``variant.a.credit.lam``) before its first ``=``. Anything else
+    is a path, even one holding ``=`` (``runs/lr=3e-5``)."""
+    key, sep, _ = arg.partition("=")
+    return bool(sep) and _OVERRIDE_KEY.fullmatch(key.strip()) is not None
+
+
+_OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*")
+
+
+def load_yaml(text: str, name: str) -> Any:
+    """The YAML document ``text`` (None when empty), read by the strict loader: a key given
+    twice in one mapping, or aliases that expand past :data:`MAX_YAML_VALUES` values, raise
+    ``ValueError`` naming ``name`` (``config file 'x.yaml'``), as does invalid YAML (with its
+    line)."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)
+    except _AliasBombError as error:
+        raise ValueError(f"{name} is refused: {error.problem}") from None
     except yaml.YAMLError as error:
         where = getattr(error, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
-        raise ValueError(f"{what} {str(path)!r} is not valid YAML{line}: "
+        raise ValueError(f"{name} is not valid YAML{line}: "
                          f"{getattr(error, 'problem', None) or error}") from None
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """The YAML document at ``path`` (None for an empty file); a missing file (or a directory,
+    a FIFO...), invalid YAML (with its line; a key given twice in one mapping is invalid; so
+    are aliases that expand too far, :func:`load_yaml`) or a file that is not UTF-8 raises
+    ``ValueError`` naming ``what`` and the path."""
+    path = check_file(path, what)
+    try:
+        return load_yaml(path.read_text(encoding="utf-8"), f"{what} {str(path)!r}")
     except UnicodeDecodeError as error:
         raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (byte "
                          f"{error.start})") from None

@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gear_rl.dataclass_config import check_output_folder, load_yaml
 from gear_rl.safe_json import loads_bounded
 
 __all__ = [
@@ -387,14 +388,11 @@ class RunDir:
         not write into: a file, an unwritable path, a folder holding another run, or a
         non-empty folder that is not a run (its files would be overwritten). The lock comes
         before the contents check, so a second trainer is told the folder is in use."""
-        if self.path.exists() and not self.path.is_dir():
-            raise ValueError(f"out: {self.path} is a file, not a folder")
+        check_output_folder(self.path, "out")  # the check of every command's output folder
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise ValueError(f"out: cannot create {self.path}: {error.strerror}") from error
-        if not os.access(self.path, os.W_OK):
-            raise ValueError(f"out: {self.path} is not writable")
         self.lock()
         try:
             if self.has_checkpoint():
@@ -473,7 +471,8 @@ class RunDir:
         """``config.yaml`` as a dict ({} when absent)."""
         if not self.config_path.is_file():
             return {}
-        loaded = yaml.safe_load(self.config_path.read_text(encoding="utf-8"))
+        loaded = load_yaml(self.config_path.read_text(encoding="utf-8"),
+                           f"run config {str(self.config_path)!r}")
         if loaded is None:
             return {}
         if not isinstance(loaded, dict):

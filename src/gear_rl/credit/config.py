@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gear_rl.dataclass_config import check_bool, check_int
+from gear_rl.dataclass_config import check_bool, check_int, shown
 
 NORMALIZE_MODES = ("minmax", "max", "none")
 SEGMENTATION_MODES = ("kl_entropy", "none", "kl_only", "entropy_only", "entropy_window")
@@ -31,7 +31,7 @@ GEAR_PRESETS: dict[str, dict[str, Any]] = {
 
 def _finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class GEARConfig(OutcomeConfig):
         if self.preset is not None:
             if self.preset not in GEAR_PRESETS:
                 raise ValueError(f"preset must be one of {sorted(GEAR_PRESETS)} or None, got "
-                                 f"{self.preset!r}")
+                                 f"{shown(self.preset)}")
             defaults = {f.name: f.default for f in dataclasses.fields(GEARConfig)}
             for name, value in GEAR_PRESETS[self.preset].items():
                 if getattr(self, name) == defaults[name]:  # not set: the preset's value
@@ -136,15 +136,16 @@ class GEARConfig(OutcomeConfig):
         if self.beta is not None:
             _finite("beta", self.beta)
         if self.normalize not in NORMALIZE_MODES:
-            raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got {self.normalize!r}")
+            raise ValueError(f"normalize must be one of {NORMALIZE_MODES}, got "
+                             f"{shown(self.normalize)}")
         if self.segmentation not in SEGMENTATION_MODES:
             raise ValueError(
-                f"segmentation must be one of {SEGMENTATION_MODES}, got {self.segmentation!r}"
+                f"segmentation must be one of {SEGMENTATION_MODES}, got {shown(self.segmentation)}"
             )
         check_int("window", self.window, 1)
         check_int("skip_first", self.skip_first, 0)
         if self.score not in SCORE_MODES:
-            raise ValueError(f"score must be one of {SCORE_MODES}, got {self.score!r}")
+            raise ValueError(f"score must be one of {SCORE_MODES}, got {shown(self.score)}")
         for name in ("sign_aware", "mean_preserving"):
             check_bool(name, getattr(self, name))
         self._check_ranges()
@@ -166,8 +167,9 @@ class GEARConfig(OutcomeConfig):
             bounded = ""
         if bounded and self.lambda_kl >= 1:
             raise ValueError(
-                f"lambda_kl must be < 1 with normalize={self.normalize!r} and segmentation="
-                f"{self.segmentation!r}, got {self.lambda_kl}: {bounded} lies in [0, 1] and an "
+                f"lambda_kl must be < 1 with normalize={shown(self.normalize)} and segmentation="
+                f"{shown(self.segmentation)}, got {self.lambda_kl}: {bounded} lies in [0, 1] and "
+                f"an "
                 "onset needs n_s > lambda_kl, so no segment would ever open (a threshold in "
                 "nats needs normalize=none)")
         if self.lambda_h < 1:
@@ -230,7 +232,7 @@ class TopEntropyConfig(OutcomeConfig):
             raise ValueError(f"rho must be in (0, 1], got {self.rho}")
         if self.selection not in TOP_ENTROPY_SELECTIONS:
             raise ValueError(f"selection must be one of {TOP_ENTROPY_SELECTIONS}, got "
-                             f"{self.selection!r}")
+                             f"{shown(self.selection)}")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ import torch
 from gear_rl.credit._validate import check_mask
 from gear_rl.credit.batch import CreditBatch
 from gear_rl.credit.registry import register_estimator
-from gear_rl.dataclass_config import check_bool, check_int
+from gear_rl.dataclass_config import check_bool, check_int, shown
 
 __all__ = ["SPOChainConfig", "VinePPOConfig", "segment_advantages", "spo_chain_boundaries",
            "vineppo_boundaries", "whiten"]
@@ -131,7 +131,7 @@ class VinePPOConfig:
         check_int("mc_samples", self.mc_samples, 1)
         check_int("max_steps", self.max_steps, 1, optional=True)
         if self.answer_prefix is not None and not isinstance(self.answer_prefix, str):
-            raise ValueError(f"answer_prefix must be text or None, got {self.answer_prefix!r}")
+            raise ValueError(f"answer_prefix must be text or None, got {shown(self.answer_prefix)}")
         for name in ("whiten", "dedupe_prefixes"):
             check_bool(name, getattr(self, name))
 
@@ -226,7 +226,7 @@ def _extra(batch: CreditBatch, key: str, why: str) -> list:
     needed."""
     value = batch.extras.get(key)
     if value is None or len(value) != batch.mask.shape[0]:
-        raise ValueError(f"{why} (extras[{key!r}], one entry per row)")
+        raise ValueError(f"{why} (extras[{shown(key)}], one entry per row)")
     return value
 
 

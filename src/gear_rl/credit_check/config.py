@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gear_rl.dataclass_config import check_bool, check_int
-from gear_rl.train.config import SignalConfig
+from gear_rl.dataclass_config import check_bool, check_int, check_memory, shown
+from gear_rl.train.config import CONTINUATION_BYTES, TOKEN_BYTES, SignalConfig, TrainConfig
 
 __all__ = ["BOUNDARY_MODES", "SIGNAL_KEYS", "SPLITS", "CreditCheckConfig", "Variant"]
 
@@ -52,7 +52,8 @@ class Variant:
         if isinstance(value, Mapping):
             unknown = sorted(set(value) - {"estimator", "credit", "signals"})
             if unknown or "estimator" not in value:
-                raise ValueError(f"variant {name!r}: expected keys estimator (required), credit "
+                raise ValueError(f"variant {shown(name)}: expected keys estimator (required), "
+                                 "credit "
                                  f"and signals, got {sorted(value)}")
             return cls(str(value["estimator"]), dict(value.get("credit") or {}),
                        dict(value.get("signals") or {}))
@@ -60,8 +61,8 @@ class Variant:
             parts = list(value)
             return cls(str(parts[0]), dict(parts[1] if len(parts) > 1 else {}),
                        dict(parts[2] if len(parts) > 2 else {}))
-        raise ValueError(f"variant {name!r}: give an estimator name, (estimator, credit, "
-                         f"signals) or a mapping, got {value!r}")
+        raise ValueError(f"variant {shown(name)}: give an estimator name, (estimator, credit, "
+                         f"signals) or a mapping, got {shown(value)}")
 
     def signal_config(self, base: SignalConfig, name: str) -> SignalConfig:
         """``base`` with this variant's signal settings, checked (errors name
@@ -160,7 +161,7 @@ class CreditCheckConfig:
                                      "variant.NAME.credit.FIELD and variant.NAME.signals.KEY")
                 continue
             if key not in fields:
-                raise ValueError(f"unknown credit-check key {key!r}; valid: "
+                raise ValueError(f"unknown credit-check key {shown(key)}; valid: "
                                  f"{', '.join(sorted(fields))}, variant.NAME.*")
             if key in ("estimators", "precision_k") and isinstance(value, (str, int)):
                 value = [part.strip() for part in str(value).split(",") if part.strip()]
@@ -168,16 +169,32 @@ class CreditCheckConfig:
                 try:
                     value = [int(v) for v in value]
                 except ValueError as error:
-                    raise ValueError(f"precision_k must be integers, got {value!r}") from error
+                    raise ValueError(f"precision_k must be integers, got {shown(value)}") from error
             if key == "estimators" and value in (["all"], "all"):
                 value = None
             kwargs[key] = value
         for name, entry in variants.items():
             if "estimator" not in entry:
-                raise ValueError(f"variant {name!r} needs variant.{name}.estimator=NAME")
+                raise ValueError(f"variant {shown(name)} needs variant.{name}.estimator=NAME")
         config = cls(**kwargs, variants=dict(variants))
         config.validate()
         return config
+
+    def check_memory(self, config: TrainConfig) -> None:
+        """Refuse settings whose memory cannot fit this machine
+        (:func:`~gear_rl.dataclass_config.check_memory`, at the trainer's floors): the sampled
+        trajectories (``groups`` prompt groups of ``rollout.samples_per_prompt`` responses of
+        up to ``rollout.max_new_tokens`` tokens, all held), one trajectory's continuations
+        (``replicates x continuations`` at its first boundary, at the least) and the bootstrap's
+        draws (``bootstrap x groups``, 24 bytes each)."""
+        check_memory({"groups": self.groups,
+                      "rollout.samples_per_prompt": config.rollout.samples_per_prompt,
+                      "rollout.max_new_tokens": config.rollout.max_new_tokens}, TOKEN_BYTES,
+                     "trajectory tokens")
+        check_memory({"replicates": self.replicates, "continuations": self.continuations},
+                     CONTINUATION_BYTES, "continuations of a trajectory's first boundary")
+        check_memory({"bootstrap": self.bootstrap, "groups": self.groups}, 24,
+                     "bootstrap draws")
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field; normalises ``variants`` to
@@ -191,31 +208,31 @@ class CreditCheckConfig:
         for name in ("mixed_only", "shared_prefix", "progress"):
             check_bool(name, getattr(self, name))
         if self.split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
+            raise ValueError(f"split must be one of {SPLITS}, got {shown(self.split)}")
         if self.boundaries not in BOUNDARY_MODES:
             raise ValueError(f"boundaries must be one of {BOUNDARY_MODES}, got "
-                             f"{self.boundaries!r}")
+                             f"{shown(self.boundaries)}")
         if self.boundaries != "tokens" and self.every != 1:
             raise ValueError(f"every applies to boundaries=tokens; boundaries={self.boundaries} "
                              "estimates V at the "
                              + ("segments' edges" if self.boundaries == "segments"
                                 else "start of every turn"))
         if not 0 < self.confidence < 1:
-            raise ValueError(f"confidence must be in (0, 1), got {self.confidence!r}")
+            raise ValueError(f"confidence must be in (0, 1), got {shown(self.confidence)}")
         if not self.precision_k or any(isinstance(k, bool) or not isinstance(k, int) or k < 1
                                        for k in self.precision_k):
             raise ValueError(f"precision_k must be a non-empty list of integers >= 1, got "
-                             f"{self.precision_k!r}")
+                             f"{shown(self.precision_k)}")
         if self.estimators is not None and (
                 isinstance(self.estimators, str)
                 or not all(isinstance(e, str) and e for e in self.estimators)):
             raise ValueError(f"estimators must be a list of estimator names, got "
-                             f"{self.estimators!r}")
+                             f"{shown(self.estimators)}")
         if not isinstance(self.variants, Mapping):
             raise ValueError(f"variants must be a mapping of name -> variant, got "
-                             f"{self.variants!r}")
+                             f"{shown(self.variants)}")
         self.variants = {str(name): Variant.coerce(str(name), value)
                          for name, value in self.variants.items()}
         for name in self.variants:
             if not name.isidentifier():
-                raise ValueError(f"variant name {name!r} must be an identifier")
+                raise ValueError(f"variant name {shown(name)} must be an identifier")

@@ -59,7 +59,7 @@ from gear_rl.credit_check.scores import (
     span_sums,
     truth_summary,
 )
-from gear_rl.dataclass_config import check_folder
+from gear_rl.dataclass_config import check_folder, check_output_folder
 from gear_rl.mc_values import (
     PrefixValues,
     choose_boundaries,
@@ -286,8 +286,7 @@ def run_check_config(run_dir: str | Path, overrides: dict[str, Any] | None = Non
 # ------------------------------------------------------------------------------ the folder
 def _open_out(out: Path) -> RunDir:
     """Lock ``out`` for this check, refusing a run directory or a foreign non-empty folder."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out: {out} is a file, not a folder")
+    check_output_folder(out, "out")
     if RunDir(out).is_run():
         raise ValueError(f"out: {out} is a training run's folder; the check writes its own "
                          f"files (default RUN_DIR/{CREDIT_CHECK_DIR})")
@@ -574,6 +573,7 @@ def credit_check(
 
     check = check if check is not None else CreditCheckConfig()
     config.validate()  # a bad estimator or credit key fails here, before the task loads
+    check.check_memory(config)
     if task is None:
         task = config_task(config)
     check_task(task)

@@ -83,5 +83,13 @@ def load_policy(
                          f"its tokenizer from {path} ({reason})") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    embedding = model.get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    if isinstance(rows, int) and len(tokenizer) > rows:
+        raise ValueError(f"name_or_path {name!r}: its tokenizer has {len(tokenizer)} tokens and "
+                         f"its input embedding {rows} rows, so a prompt or a sample holding a "
+                         f"token id >= {rows} would fail part-way (IndexError); give a model "
+                         "whose embedding covers its tokenizer (model.resize_token_embeddings("
+                         "len(tokenizer)), then save_pretrained)")
     # typeshed's functools.wraps types PreTrainedModel.to (@wraps(Module.to)) as unbound
     return model.to(device).eval(), tokenizer  # type: ignore[arg-type]

@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     if not argv or any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0 if argv else 2
-    from gear_rl.dataclass_config import check_output_folder
+    from gear_rl.dataclass_config import check_output_folder, is_override
     from gear_rl.rundir import RunDir
     from gear_rl.study.report import analyze_study, write_study
     from gear_rl.study.runner import register_study, run_study, select_cells
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
 
     try:
         path, *rest = argv
-        if "=" in path:
+        if is_override(path):
             raise ValueError(f"the first argument is the study file, got {path!r}")
         options: dict[str, str] = {}
         for item in rest:

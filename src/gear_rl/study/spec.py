@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gear_rl.dataclass_config import flatten_keys, read_yaml
+from gear_rl.dataclass_config import flatten_keys, read_yaml, shown
 from gear_rl.report.compare import COMPARABLE
 from gear_rl.train.config import TrainConfig, load_config
 
@@ -205,8 +205,8 @@ class StudySpec:
             return load_config(None, [f"{key}={json.dumps(value)}"
                                       for key, value in settings.items()])
         except ValueError as error:
-            raise ValueError(f"{self._where()}task {cell.task.key!r}, method "
-                             f"{cell.method.key!r}: {error}") from None
+            raise ValueError(f"{self._where()}task {shown(cell.task.key)}, method "
+                             f"{shown(cell.method.key)}: {error}") from None
 
     def _where(self) -> str:
         return f"study spec {self.path}: " if self.path is not None else "study spec: "
@@ -243,20 +243,20 @@ class _Checker:
             if key not in allowed:
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(allowed)}"
-                raise self.fail(f"unknown key {name}{key!r}; {hint}")
+                raise self.fail(f"unknown key {name}{shown(key)}; {hint}")
 
     def overrides(self, value: Any, name: str) -> dict[str, Any]:
         flat = flatten_keys(self.mapping(value, name))
         for key in flat:
             for reserved, why in _RESERVED.items():
                 if _covers(key, reserved):
-                    raise self.fail(f"{name}: {key!r} cannot be set in a study ({why})")
+                    raise self.fail(f"{name}: {shown(key)} cannot be set in a study ({why})")
         return flat
 
     def seeds(self, value: Any, name: str) -> tuple[int, ...]:
         if isinstance(value, bool) or not isinstance(value, list) or not value or not all(
                 isinstance(s, int) and not isinstance(s, bool) for s in value):
-            raise self.fail(f"{name} must be a non-empty list of integers, got {value!r}")
+            raise self.fail(f"{name} must be a non-empty list of integers, got {shown(value)}")
         if len(set(value)) != len(value):
             raise self.fail(f"{name} lists a seed twice: {value}")
         return tuple(value)
@@ -268,18 +268,19 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 kind is int and not isinstance(value, int)):
             raise self.fail(f"{name}{key} must be a{'n integer' if kind is int else ' number'}, "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
         bad = value <= low if open_low else value < low
         if bad or (high is not None and value >= high):
             span = (f"({low}, {high})" if high is not None else
                     f"{'>' if open_low else '>='} {low}")
             raise self.fail(f"{name}{key} must be {'in ' if high is not None else ''}{span}, "
-                            f"got {value!r}")
+                            f"got {shown(value)}")
         return kind(value)
 
     def name(self, key: str, what: str) -> str:
         if not _NAME.fullmatch(key):
-            raise self.fail(f"{what} name {key!r} must be letters, digits and _ . + - (it names "
+            raise self.fail(f"{what} name {shown(key)} must be letters, digits and _ . + - "
+                            "(it names "
                             "a folder)")
         return key
 
@@ -305,7 +306,7 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
             raise check.fail(f"{section} is missing or empty")
     metric = top.get("metric", "mean@k")
     if metric not in METRICS:
-        raise check.fail(f"metric must be one of {METRICS}, got {metric!r}")
+        raise check.fail(f"metric must be one of {METRICS}, got {shown(metric)}")
     default_seeds = check.seeds(top["seeds"], "seeds") if "seeds" in top else None
     budget = check.overrides(top.get("budget"), "budget")
     tasks = []
@@ -324,7 +325,8 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
             for override in overrides:
                 if _covers(override, setting):
                     raise check.fail(
-                        f"methods.{key}.overrides: {override!r} changes a setting every cell of "
+                        f"methods.{key}.overrides: {shown(override)} changes a setting every "
+                        "cell of "
                         "a task must share (task, model, budget, evaluation); set it in the "
                         "budget or the task")
         if "seeds" in entry:
@@ -336,7 +338,7 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
                              "list")
         estimator = entry.get("estimator", key)
         if not isinstance(estimator, str):
-            raise check.fail(f"methods.{key}.estimator must be a name, got {estimator!r}")
+            raise check.fail(f"methods.{key}.estimator must be a name, got {shown(estimator)}")
         matched = check.mapping(entry.get("samples_per_prompt"),
                                 f"methods.{key}.samples_per_prompt")
         task_keys = [t.key for t in tasks]
@@ -346,26 +348,28 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
         for task_key, value in matched.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise check.fail(f"methods.{key}.samples_per_prompt.{task_key} must be an "
-                                 f"integer >= 1, got {value!r}")
+                                 f"integer >= 1, got {shown(value)}")
         methods.append(MethodSpec(check.name(key, "method"), estimator,
                                   str(entry.get("label", key)), overrides, seeds,
                                   {str(k): int(v) for k, v in matched.items()}))
     baseline = top.get("baseline", "grpo" if any(m.key == "grpo" for m in methods)
                        else methods[0].key)
     if baseline not in {m.key for m in methods}:
-        raise check.fail(f"baseline {baseline!r} is not one of the methods "
+        raise check.fail(f"baseline {shown(baseline)} is not one of the methods "
                          f"{[m.key for m in methods]}")
     contrasts = []
     listed = top.get("contrasts") or []
     if not isinstance(listed, list):
-        raise check.fail(f"contrasts must be a list of [method, against] pairs, got {listed!r}")
+        raise check.fail("contrasts must be a list of [method, against] pairs, got "
+                         f"{shown(listed)}")
     for pair in listed:
         if (not isinstance(pair, list) or len(pair) != 2
                 or not all(isinstance(name, str) for name in pair)):
-            raise check.fail(f"contrasts: each entry is a [method, against] pair, got {pair!r}")
+            raise check.fail("contrasts: each entry is a [method, against] pair, got "
+                             f"{shown(pair)}")
         unknown = [name for name in pair if name not in {m.key for m in methods}]
         if unknown or pair[0] == pair[1]:
-            raise check.fail(f"contrasts: {pair!r} must name two different methods of "
+            raise check.fail(f"contrasts: {shown(pair)} must name two different methods of "
                              f"{[m.key for m in methods]}")
         contrasts.append((pair[0], pair[1]))
     statistics = check.mapping(top.get("statistics"), "statistics")
@@ -383,7 +387,8 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     check.keys(analysis, _ANALYSIS_KEYS, "analysis.")
     keep = top.get("keep_checkpoints", False)
     if not isinstance(keep, bool) and keep != KEEP_POLICY:
-        raise check.fail(f"keep_checkpoints must be true, false or {KEEP_POLICY!r}, got {keep!r}")
+        raise check.fail(f"keep_checkpoints must be true, false or {KEEP_POLICY!r}, got "
+                         f"{shown(keep)}")
     spec = StudySpec(
         name=str(top.get("name") or (where.stem if where is not None else "study")),
         description=str(top.get("description") or ""), metric=metric, baseline=baseline,
@@ -410,4 +415,4 @@ def _check_cells(spec: StudySpec) -> None:
             load_task(config.task, options=config.task_options, train_size=2, eval_size=2,
                       seed=0, instruction=config.instruction, eval_path=config.eval_data)
         except ValueError as error:
-            raise ValueError(f"{spec._where()}task {task.key!r}: {error}") from None
+            raise ValueError(f"{spec._where()}task {shown(task.key)}: {error}") from None

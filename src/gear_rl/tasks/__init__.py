@@ -81,7 +81,7 @@ def load_task(
         raise ValueError(f"task must be a non-empty string, got {spec!r}")
     name, _, arg = spec.partition(":")
     if name in ("tool-math", "bfcl", *ENV_NAMES) and eval_path is not None:
-        raise ValueError(f"eval_path applies to dataset-file tasks only, not {name!r}")
+        raise ValueError(f"eval_data applies to dataset-file tasks only, not {name!r}")
     if name == "tool-math":
         return tool_math_task(arg or None, options=options, train_size=train_size,
                               eval_size=eval_size, seed=seed, instruction=instruction)
@@ -115,7 +115,7 @@ def load_task(
         return verl_task(Path(spec), eval_path=eval_path, eval_size=eval_size, seed=seed,
                          train_size=train_size)
     if eval_path is not None:
-        raise ValueError("eval_path applies to dataset-file tasks only")
+        raise ValueError(f"eval_data applies to dataset-file tasks only, not {name!r}")
     name = spec.removeprefix("rg:")
     return reasoning_gym_task(name, options=options, train_size=train_size, eval_size=eval_size,
                               seed=seed, instruction=instruction)

@@ -217,6 +217,7 @@ def split_train_eval(
     seed: int,
     train_size: int | None,
     source: str,
+    held_out_source: str | None = None,
 ) -> tuple[list[Problem], list[Problem]]:
     """Training and held-out problems of a file-backed task, no held-out prompt trained on.
 
@@ -225,15 +226,23 @@ def split_train_eval(
     the problems whose prompt is not held out (the others are dropped, with a warning);
     otherwise hold out ``min(eval_size, len(problems) // 2)`` of them, chosen by ``seed``.
     ``train_size`` caps the training problems (None: all). ``source`` names the training file
-    in errors.
+    in errors, as the user's ``task``, and ``held_out_source`` the held-out file, as
+    ``eval_data``.
     """
     import random
 
+    if not problems:
+        raise ValueError(f"task {source!r}: the file holds no problems (no rows); give a file "
+                         "with training rows")
+    if held_out is not None and not held_out:
+        raise ValueError(f"eval_data {held_out_source!r}: the file holds no problems (no rows); "
+                         "give a file with held-out rows, or leave eval_data out to hold out "
+                         "part of the task's")
     if held_out is None:
         if len(problems) < 2:
-            raise ValueError(f"train_path {source!r}: {len(problems)} distinct problem(s) (rows "
-                             "with the same prompt count once); need at least 2 to hold some "
-                             "out, or give a separate eval_path")
+            raise ValueError(f"task {source!r}: {len(problems)} distinct problem(s) (rows with "
+                             "the same prompt count once); need at least 2 to hold some out, "
+                             "or give a separate held-out file (eval_data=...)")
         order = list(range(len(problems)))
         random.Random(seed).shuffle(order)
         cut = min(eval_size, len(problems) // 2)
@@ -247,9 +256,9 @@ def split_train_eval(
             problems = [(place, problem) for place, problem in problems
                         if prompt_key(problem.prompt) not in held]
             if not problems:
-                raise ValueError(f"train_path {source!r}: all {len(overlap)} of its problems "
-                                 "are also in the held-out file; give training rows the "
-                                 "held-out file does not hold")
+                raise ValueError(f"task {source!r}: all {len(overlap)} of its problems are "
+                                 "also in the held-out file (eval_data); give training rows "
+                                 "the held-out file does not hold")
             warnings.warn(f"{source}: {len(overlap)} training row(s) have the prompt of a "
                           f"held-out problem and are left out of training "
                           f"({_repeats_note(overlap)})", stacklevel=2)

@@ -422,7 +422,8 @@ def toolrl_task(
         located_held_out = _located_toolrl_problems(eval_path, "eval", limit=eval_size)
     problems, held_out = split_train_eval(located, located_held_out, eval_size=eval_size,
                                           seed=seed, train_size=train_size,
-                                          source=str(train_path))
+                                          source=str(train_path), held_out_source=(
+                                              None if eval_path is None else str(eval_path)))
 
     def scorer(problem: Problem, response: str) -> float:
         score = toolrl_reward(response, problem.answer, require_think=require_think,

@@ -125,7 +125,9 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_path(root)
     run.point_latest(final)  # atomic, and fsynced with its folder
-    checkpoints = run.checkpoint_folders()
+    # only checkpoints count and go: a step-N folder without a state.pt is none of this run's
+    # (an export put there, a folder copied in), and pruning leaves it alone
+    checkpoints = [f for f in run.checkpoint_folders() if (f / "state.pt").is_file()]
     for old in checkpoints[:-keep] if keep > 0 else []:
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
@@ -214,8 +216,7 @@ def read_checkpoint(target: str | Path, model: torch.nn.Module) -> tuple[Path, d
         else:
             folder = RunDir(path).latest_checkpoint(verify=True)
         if folder is None:
-            raise ValueError(f"checkpoint: {path} is neither a checkpoint folder nor a run "
-                             "directory with one")
+            raise ValueError(f"checkpoint: {path} {_no_checkpoint(path)}")
         try:
             return folder, load_checkpoint(folder, model)
         except (OSError, ValueError):
@@ -228,6 +229,23 @@ def read_checkpoint(target: str | Path, model: torch.nn.Module) -> tuple[Path, d
                              "checkpoint")
     raise ValueError(f"checkpoint: {READ_ATTEMPTS} checkpoints of {path} in a row were removed "
                      "while they were read; try again")
+
+
+def _no_checkpoint(path: Path) -> str:
+    """Why ``path``, given as a checkpoint folder or a run directory, has no intact checkpoint
+    to read: each of its checkpoints is damaged (and how), it has none, or it is neither."""
+    run = RunDir(path)
+    folders = run.checkpoint_folders()
+    if folders:
+        problems = "; ".join(f"{f.name}: {checkpoint_problem(f)}" for f in folders[-3:])
+        return (f"has no intact checkpoint: every one of its {len(folders)} checkpoint "
+                f"folder(s) is damaged ({problems})")
+    if run.is_run():
+        return ("is a run directory with no checkpoint yet: a run writes one at its end and "
+                "every log.checkpoint_every steps; finish or resume the run first")
+    if (path / "state.pt").is_file() or (path / "manifest.json").is_file():
+        return f"is a damaged checkpoint folder ({checkpoint_problem(path)})"
+    return "is neither a checkpoint folder nor a run directory with one"
 
 
 def _out_of_space(error: BaseException, folder: Path) -> bool:

@@ -25,6 +25,7 @@ from gear_rl.dataclass_config import (
     check_at_least,
     check_finite,
     check_int,
+    check_memory,
     check_one_of,
     check_positive,
     check_unit_interval,
@@ -33,6 +34,7 @@ from gear_rl.dataclass_config import (
     parse_overrides,
     read_yaml,
     settable_keys,
+    shown,
     update_from_dict,
 )
 from gear_rl.signals import DIVERGENCE_KINDS as DIVERGENCES
@@ -67,6 +69,19 @@ TEACHER_ROWS: tuple[str, ...] = ("nonzero_advantage", "all")
 # ``device``: what torch takes.
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?|mps")
 
+# Floors of what the items the memory-sizing knobs count cost, whatever the model
+# (:meth:`TrainConfig.check_memory`): only a setting that cannot fit is refused.
+TOKEN_BYTES = 64
+"""One token of a rollout or evaluation row: its id (int64), mask, log-probs, entropy,
+advantage and signals (fp32 each), before any KV cache or logits (kilobytes a token)."""
+PROBLEM_BYTES = 200
+"""One generated or loaded problem: its question, answer and record (Python objects)."""
+CONTINUATION_BYTES = 100
+"""One Monte-Carlo continuation held until its step's values are estimated: its token list
+(a Python list) and its reward, before any of its tokens."""
+SANDBOX_WORKER_BYTES = 20_000_000
+"""One warm sandbox worker: a Python interpreter with its preloaded modules."""
+
 
 @dataclass
 class RolloutConfig:
@@ -81,7 +96,9 @@ class RolloutConfig:
         batch_size: rows per generation batch (None: all at once).
         mc_batch_size: continuation rows per decoding batch of the Monte-Carlo values phase
             (SPO-chain, VinePPO: the continuations of every trajectory of the step decode
-            together, ordered by prefix length; ``gear_rl.mc_values.estimate_values``).
+            together, ordered by prefix length; ``gear_rl.mc_values.estimate_values``). It
+            bounds the decoding batch, not the continuations a step holds
+            (``credit.mc_samples``, bounded by the machine's memory: ``check_memory``).
         dtype: sampler weights: ``auto`` (bf16 where the device computes bf16 natively, else the
             policy's fp32), ``bf16`` or ``fp32``. The sampler is a copy of the policy refreshed
             after every update.
@@ -277,7 +294,7 @@ class SignalConfig:
         if self.divergence != "topk" and self.topk is not None:
             # the signal pass refuses it (at the first step, after the run folder exists)
             raise ValueError(f"{prefix}topk={self.topk} applies to {prefix}divergence=topk "
-                             f"only, and {prefix}divergence is {self.divergence!r}: set "
+                             f"only, and {prefix}divergence is {shown(self.divergence)}: set "
                              f"{prefix}divergence=topk, or drop {prefix}topk")
         if self.answer_template is not None and "{reference}" not in self.answer_template:
             raise ValueError(f"{prefix}answer_template must contain '{{reference}}'")
@@ -413,7 +430,7 @@ class LogConfig:
         check_report_to(prefix + "report_to", self.report_to)
         if not self.project.strip():
             raise ValueError(f"{prefix}project must name the W&B / trackio project, got "
-                             f"{self.project!r}")
+                             f"{shown(self.project)}")
 
 
 @dataclass
@@ -493,7 +510,7 @@ class TrainConfig:
             raise ValueError("model must be smollm2-135m (bundled), tiny-random, or a local "
                              "Hugging Face model directory; got an empty value")
         if not _DEVICE.fullmatch(self.device):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {shown(self.device)}")
         for f in dataclasses.fields(self):
             section = getattr(self, f.name)
             if dataclasses.is_dataclass(section):
@@ -510,6 +527,7 @@ class TrainConfig:
             raise ValueError(f"loss.minibatches ({self.loss.minibatches}) exceeds the rollout "
                              f"batch (rollout.prompts_per_step * rollout.samples_per_prompt = "
                              f"{batch} trajectories)")
+        self.check_memory(credit)
         distills = self.loss.opsd_weight(estimator.self_distillation) > 0
         if distills and self.signals.divergence not in ("full", "topk"):
             # The distillation loss differentiates the per-token divergence; the sampled-token
@@ -517,7 +535,33 @@ class TrainConfig:
             cause = (f"estimator={self.estimator}" if estimator.self_distillation
                      else f"loss.opsd_coef={self.loss.opsd_coef}")
             raise ValueError("signals.divergence must be 'full' or 'topk' for the self-"
-                             f"distillation loss ({cause}), got {self.signals.divergence!r}")
+                             f"distillation loss ({cause}), got {shown(self.signals.divergence)}")
+
+    def check_memory(self, credit: Any) -> None:
+        """Refuse a knob that sizes memory past what this machine has
+        (:func:`~gear_rl.dataclass_config.check_memory`, at the floors above): the tokens of a
+        step's rollout and of an evaluation, the problems generated, the Monte-Carlo
+        continuations of a step (``credit.mc_samples``: at least one value estimate per
+        prompt; ``rollout.mc_batch_size`` bounds only how many decode at once, not how many
+        are held) and the sandbox's workers. ``credit``: the estimator's config."""
+        rollout = self.rollout
+        rows = {"rollout.prompts_per_step": rollout.prompts_per_step,
+                "rollout.samples_per_prompt": rollout.samples_per_prompt}
+        check_memory({**rows, "rollout.max_new_tokens": rollout.max_new_tokens}, TOKEN_BYTES,
+                     "rollout tokens")
+        check_memory({**rows, "agent.max_response_tokens": self.agent.max_response_tokens},
+                     TOKEN_BYTES, "rollout tokens of agent episodes")
+        check_memory({"eval.size": self.eval.size, "eval.k": self.eval.k,
+                      "eval.max_new_tokens": self.eval.max_new_tokens}, TOKEN_BYTES,
+                     "evaluation tokens")
+        check_memory({"train_size": self.train_size}, PROBLEM_BYTES, "training problems")
+        samples = getattr(credit, "mc_samples", None)
+        if isinstance(samples, int):
+            check_memory({"credit.mc_samples": samples,
+                          "rollout.prompts_per_step": rollout.prompts_per_step},
+                         CONTINUATION_BYTES, "Monte-Carlo continuations a step")
+        check_memory({"agent.sandbox_workers": self.agent.sandbox_workers},
+                     SANDBOX_WORKER_BYTES, "sandbox worker processes")
 
     def credit_estimator(self) -> Estimator:
         """The registered estimator ``estimator`` names (``plugins`` imported first); an unknown
@@ -526,8 +570,8 @@ class TrainConfig:
         names = estimator_names()
         if self.estimator not in names:
             guess = nearest(str(self.estimator), names)
-            hint = f"did you mean {guess!r}? " if guess else ""
-            raise ValueError(f"unknown estimator {self.estimator!r}; {hint}registered: "
+            hint = f"did you mean {shown(guess)}? " if guess else ""
+            raise ValueError(f"unknown estimator {shown(self.estimator)}; {hint}registered: "
                              f"{', '.join(names)} (an estimator from another module needs "
                              "plugins=<module>)")
         return get_estimator(self.estimator)
@@ -544,7 +588,7 @@ class TrainConfig:
             hint = (f"did you mean 'credit.{guess}'?" if guess
                     else f"its keys: {', '.join('credit.' + name for name in settable)}")
             raise ValueError(f"unknown config key 'credit.{key}' for estimator "
-                             f"{estimator.name!r}; {hint}")
+                             f"{shown(estimator.name)}; {hint}")
         try:
             return estimator.make_config(**self.credit)
         except (TypeError, ValueError) as error:
@@ -678,7 +722,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *
         try:
             config_from_dict(data, config, unique_keys=True)
         except ValueError as error:
-            raise ValueError(f"config file {str(path)!r}: {error}") from None
+            raise ValueError(f"config file {shown(str(path))}: {error}") from None
     apply_overrides(config, overrides)
     if validate:
         config.validate()

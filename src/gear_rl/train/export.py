@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from gear_rl.rundir import RunDir, fsync_folder, fsync_path
+from gear_rl.dataclass_config import check_output_folder
+from gear_rl.rundir import CHECKPOINTS, RunDir, fsync_folder, fsync_path
 
 __all__ = ["EXPORT_DTYPES", "EXPORT_INFO", "export_policy", "read_export_info"]
 
@@ -62,9 +63,7 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not one of {sorted(EXPORT_DTYPES)}")
     out = Path(out).expanduser()
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
-        raise ValueError(f"{out} already exists and is not an empty folder: export writes a new "
-                         "folder; choose another OUT or remove that one")
+    dest = _export_target(out)
     run = RunDir(run_dir)
     if not run.is_run():
         raise ValueError(f"{run.path} is not a gear-rl run directory (no {run.config_path.name})")
@@ -90,8 +89,8 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
     info = {"run": str(run.path.resolve()), "run_id": run.read_info().get("run_id"),
             "step": int(state["step"]), "checkpoint": folder.name, "model": config.model,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)  # left by a crashed export of this process id
     try:
         staging.mkdir()
@@ -108,15 +107,44 @@ def export_policy(run_dir: str | Path, out: str | Path, *, step: int | None = No
         for sub in sorted(p for p in staging.rglob("*") if p.is_dir()):
             fsync_folder(sub)
         fsync_folder(staging)
-        os.replace(staging, out)  # replaces an empty folder; refuses a folder filled meanwhile
+        os.replace(staging, dest)  # replaces an empty folder; refuses one filled meanwhile
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError) and out.exists() and any(out.iterdir()):
+        if isinstance(error, OSError) and dest.exists() and any(dest.iterdir()):
             raise ValueError(f"{out} was filled while the export was written; nothing was "
                              "written there: choose another OUT") from error
         raise
-    fsync_path(out.parent)
+    fsync_path(dest.parent)
     return {**info, "out": str(out)}
+
+
+def _export_target(out: Path) -> Path:
+    """The folder an export into ``out`` creates (``out`` with its links followed: a link to an
+    empty folder gets the export in that folder's place), checked before anything is loaded:
+    ``out`` passes the check of every output folder
+    (:func:`~gear_rl.dataclass_config.check_output_folder`: no file or dangling link there or on
+    its path, a writable file system), is new or an empty folder, and is neither the current
+    folder (or one above it: the export replaces the folder it writes) nor inside a run's
+    ``checkpoints`` folder (where a resume would take it for a checkpoint, and keep it while it
+    prunes a real one)."""
+    check_output_folder(out, "OUT")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise ValueError(f"{out} already exists and is not an empty folder: export writes a new "
+                         "folder; choose another OUT or remove that one")
+    target = out.resolve()
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        which = "the current folder" if target == here else "a folder above the current one"
+        raise ValueError(f"OUT {str(out)!r} is {which}: export puts a new folder in OUT's "
+                         "place; give the path of a new folder (gear-rl export RUN ./model)")
+    check_output_folder(target.parent, "OUT's parent folder")  # the staging folder goes there
+    for place in target.parents:
+        if place.name == CHECKPOINTS and RunDir(place.parent).is_run():
+            raise ValueError(f"OUT {str(out)!r} is inside the checkpoints folder of the run "
+                             f"{str(place.parent)!r}, where a resume would take it for a "
+                             "checkpoint (and prune a real one to keep it); export outside "
+                             f"{str(place)!r}")
+    return target
 
 
 def read_export_info(folder: str | Path) -> dict[str, Any] | None:

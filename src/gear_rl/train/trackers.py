@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from gear_rl.dataclass_config import check_one_of
+from gear_rl.dataclass_config import check_one_of, shown
 from gear_rl.rundir import RunDir
 
 __all__ = [
@@ -211,7 +211,7 @@ def check_report_to(key: str, names: Sequence[str]) -> None:
     for name in names:
         cls = _TRACKERS.get(name)
         if cls is not None and not _installed(cls.package):
-            raise ValueError(f"{key}: {name} needs the {cls.package!r} package, which is not "
+            raise ValueError(f"{key}: {name} needs the {shown(cls.package)} package, which is not "
                              f"installed: {cls.install_hint()}")
 
 

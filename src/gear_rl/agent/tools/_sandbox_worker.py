@@ -1021,6 +1021,15 @@ def _final_error(stderr: str) -> tuple[str, int | None, str, int | None] | None:
     return None
 
 
+def _out_of_memory(name: str, err: int | None, message: str) -> bool:
+    """Whether a final exception says memory ran out: ``MemoryError`` or one of its kind by
+    another name (numpy's ``_ArrayMemoryError``, "Unable to allocate 8.00 GiB for an array";
+    torch's ``OutOfMemoryError``), ``[Errno 12]``, or an error that quotes ENOMEM's text
+    (torch's CPU allocator: "... Error code 12 (Cannot allocate memory)")."""
+    return (name.endswith("MemoryError") or err == errno.ENOMEM
+            or os.strerror(errno.ENOMEM) in message)
+
+
 def _classify(status_word: int, rusage, stderr: str, limits: dict) -> tuple[int, str | None]:
     """(exit code, limit hit) from what the kernel recorded (the wait status, the CPU time) and
     what the result shows: an exit status of 1 with a traceback in ``stderr`` whose exception
@@ -1043,7 +1052,7 @@ def _classify(status_word: int, rusage, stderr: str, limits: dict) -> tuple[int,
     if final is None:
         return exit_code, None
     name, err, message, tasks = final
-    if name == "MemoryError" or err == errno.ENOMEM:
+    if _out_of_memory(name, err, message):
         limit = "memory"
     elif err == errno.EFBIG:
         limit = "file_size"

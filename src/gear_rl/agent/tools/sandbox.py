@@ -93,6 +93,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gear_rl.dataclass_config import shown
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_PACKAGES", "GUARANTEES", "LIMIT_NAMES", "PythonSandbox", "SandboxResult",
@@ -225,19 +227,19 @@ def check_mounts(mounts: Sequence[str], forbidden: Sequence[str | os.PathLike[st
             one that is a forbidden path, contains one or lies inside one (symlinks resolved).
     """
     if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
-        raise ValueError(f"{name} must be a list of absolute paths, got {mounts!r}")
+        raise ValueError(f"{name} must be a list of absolute paths, got {shown(mounts)}")
     blocked = [(str(path), os.path.realpath(path)) for path in forbidden]
     resolved = []
     for mount in mounts:
         if not os.path.isabs(mount):
-            raise ValueError(f"{name}: {mount!r} is not an absolute path")
+            raise ValueError(f"{name}: {shown(mount)} is not an absolute path")
         if not os.path.exists(mount):
-            raise ValueError(f"{name}: {mount!r} does not exist")
+            raise ValueError(f"{name}: {shown(mount)} does not exist")
         real = os.path.realpath(mount)
         for original, path in blocked:
             if _overlaps(real, path):
-                raise ValueError(f"{name}: {mount!r} overlaps {original!r}, which sandboxed code "
-                                 "must not read (it contains it, is it, or lies inside it)")
+                raise ValueError(f"{name}: {shown(mount)} overlaps {original!r}, which sandboxed "
+                                 "code must not read (it contains it, is it, or lies inside it)")
         resolved.append(real)
     return resolved
 
