@@ -44,7 +44,12 @@ from typing import Any
 from uuid import uuid4
 
 import torch
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
 from verl.utils.profiler import simple_timer
 from verl.utils.tokenizer.chat_template import apply_chat_template
 from verl.utils.tokenizer.tokenizer import normalize_token_ids
@@ -209,7 +214,7 @@ class GEAREnvAgentLoop(AgentLoopBase):
             reward_score=1.0 if episode.success else 0.0,
             # verl counts chat turns: the prompt, then each policy turn and each board after it
             num_turns=1 + len(episode.step_spans) + len(episode.observation_spans),
-            metrics={"generate_sequences": timing.get("generate_sequences", 0.0)},
+            metrics=AgentLoopMetrics(generate_sequences=timing.get("generate_sequences", 0.0)),
             extra_fields={**_weight_versions(versions), STEPS_FIELD: {
                 "step_spans": [list(span) for span in episode.step_spans],
                 "state_keys": [repr(key) for key in episode.state_keys],

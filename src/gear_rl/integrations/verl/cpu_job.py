@@ -405,7 +405,7 @@ def _stop_on_signals() -> Iterator[None]:
         yield
         return
 
-    stopping = []
+    stopping: list[int] = []
 
     def stop(signum: int, _frame: Any) -> None:
         if not stopping:  # a second signal must not break off the clean-up the first began

@@ -114,6 +114,7 @@ class GEARTrainerMixin:
     config: Any
     tokenizer: Any
     actor_rollout_wg: Any
+    agent_loop_manager: Any  # set by verl's fit(): its llm_client reaches the rollout servers
     global_steps: int
     total_training_steps: int
 

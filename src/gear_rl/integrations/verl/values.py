@@ -94,9 +94,9 @@ class MonteCarloValues:
     tokens: int
 
 
-Generate = Callable[[Sequence[int], int], Any]
+Generate = Callable[[list[int], int], Any]
 """``generate(prefix_ids, max_tokens)``: an awaitable of one continuation's token ids."""
-Score = Callable[[int, Sequence[int]], float]
+Score = Callable[[int, list[int]], float]
 """``score(row, response_ids)``: the job's reward of row ``row``'s response ``response_ids``."""
 
 
