@@ -1,8 +1,10 @@
 """gear-rl's runtime requirements for a verl environment, one per line (standard library only,
 so it runs before gear-rl is installed there): pyproject.toml's ``dependencies`` less torch
-(the environment's own build is kept), with math-verify's antlr 4.9.3 grammar instead of the
-default 4.13.2, because hydra-core 1.3.8, which verl's trainer imports, pins
-antlr4-python3-runtime 4.9.3. Used by scripts/setup_verl_cpu.sh and scripts/device_check.sh.
+(the environment's own build is kept) and its ``envs`` extra (TextArena, so that
+``SETTING=textarena:GAME`` runs in verl's ``gear_env`` agent loop), with math-verify's antlr
+4.9.3 grammar instead of the default 4.13.2, because hydra-core 1.3.8, which verl's trainer
+imports, pins antlr4-python3-runtime 4.9.3. Used by scripts/setup_verl_cpu.sh and
+scripts/device_check.sh.
 
     python scripts/verl_requirements.py pyproject.toml > requirements.txt
 """
@@ -20,7 +22,8 @@ except ImportError:  # Python 3.10
 
 def main(pyproject: str) -> int:
     with open(pyproject, "rb") as handle:
-        deps = tomllib.load(handle)["project"]["dependencies"]
+        project = tomllib.load(handle)["project"]
+    deps = [*project["dependencies"], *project.get("optional-dependencies", {}).get("envs", [])]
     for dep in deps:
         if re.match(r"torch\b", dep):
             continue

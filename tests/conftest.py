@@ -41,6 +41,7 @@ QUICK: dict[str, tuple[str, ...] | None] = {
     "test_hostile_config.py": None,
     "test_changed_defaults.py": None,
     "test_package_floors.py": None,
+    "test_engine_table.py": None,
     "test_quick_loop.py": (
         "test_a_quick_test_may_start_no_process_run_no_model_and_step_no_optimiser",
         "test_the_quick_set_names_existing_files"),

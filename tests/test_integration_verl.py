@@ -475,3 +475,17 @@ def test_every_registry_estimator_that_verl_runs_is_registered_there() -> None:
     for name in estimator_names():
         why = get_estimator(name).engine_limit("verl")
         assert (why is None) == (name in runs), (name, why)
+
+
+def test_opsd_through_compute_advantage_is_the_sampled_token_distillation() -> None:
+    """verl's actor has only the sampled token's log-prob: OPSD runs there as the per-token
+    reverse KL's policy-gradient form, ``-(log pi - log pi*)`` on policy tokens, no reward."""
+    data, _, _, mask, student, teacher, entropy = _batch(7)
+    signals = signals_from_logprobs(mask, entropy=entropy, student_logprobs=student,
+                                    teacher_logprobs=teacher, divergence="k3")
+    with provide_signals(signals):
+        out = compute_advantage(data, "opsd", config=_algorithm("opsd")).batch["advantages"]
+    expected = torch.where(mask.bool(), teacher - student, torch.zeros_like(student))
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert get_estimator("opsd").engine_limit("verl") is None
+    assert get_estimator("opsd").engine_limit("TRL") == "its reward does not enter the loss"

@@ -429,3 +429,24 @@ def test_a_failed_job_leaves_nothing_behind(workdir) -> None:
     rc, log, _ = _job(workdir, "broken", ["actor_rollout_ref.model.path=/nonexistent/model"],
                       steps=1)
     assert rc != 0 and "/nonexistent/model" in log
+
+
+@pytest.mark.slow
+def test_opsd_job_trains_on_the_sampled_token_distillation(workdir) -> None:
+    """Self-distillation alone in verl: the teacher pass runs, the outcome reward does not enter
+    the loss, and the advantages verl trained on are ``-(log pi - log pi*)`` of each sampled
+    token (gear_rl.credit.opsd.sampled_token_distillation), exactly."""
+    rc, log, run = _job(workdir, "opsd", [
+        "algorithm.adv_estimator=opsd", "trainer.v1.trainer_mode=gear",
+        "++algorithm.gear.log_samples_per_step=0",
+        f"++algorithm.gear.dump_dir={workdir}/run-opsd/dump"])
+    metrics = _check_run(rc, log)
+    assert all(values["gear/teacher_prompt_no_reference_frac"] == 0.0
+               for values in metrics.values())
+    for path in sorted((run / "dump").glob("step-*.pt")):
+        record = torch.load(path)
+        mask = record["response_mask"]
+        expected = -(record["student_logprobs"] - record["teacher_logprobs"]) * mask
+        torch.testing.assert_close(record["advantages"] * mask, expected.float(), rtol=0,
+                                   atol=0)
+        assert float(expected.abs().sum()) > 0

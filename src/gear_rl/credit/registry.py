@@ -70,9 +70,11 @@ TEACHER_FIELDS: frozenset[str] = frozenset({"divergence", "teacher_logprobs"})
 # (verl: gear-rl's ``gear_env`` agent loop and the runs of policy tokens of its tool loop,
 # gear_rl.integrations.verl.agent_loop); ``monte_carlo``, a values phase that continues each
 # response's prefixes with the policy (verl: the gear trainer mode's, on the job's rollout
-# servers, gear_rl.integrations.verl.values). An engine not listed adds nothing.
+# servers, gear_rl.integrations.verl.values); ``self_distillation``, the distillation term in
+# a form its loss carries (verl: the sampled-token form as the advantage,
+# gear_rl.credit.opsd.sampled_token_distillation). An engine not listed adds nothing.
 ENGINE_FEATURES: Mapping[str, frozenset[str]] = MappingProxyType({
-    "verl": frozenset({"step_level", "monte_carlo"}),
+    "verl": frozenset({"step_level", "monte_carlo", "self_distillation"}),
     "TRL": frozenset(),
 })
 
@@ -162,9 +164,10 @@ class Estimator:
         features = ENGINE_FEATURES.get(engine, frozenset())
         if self.step_level and "step_level" not in features:
             return f"step-level: {engine} passes no turn spans"
-        if not self.uses_reward:
+        distills = self.self_distillation and "self_distillation" in features
+        if not self.uses_reward and not distills:
             return "its reward does not enter the loss"
-        if self.self_distillation:
+        if self.self_distillation and not distills:
             return f"it needs a self-distillation loss {engine}'s loss does not have"
         if self.mc_boundaries is not None and "monte_carlo" not in features:
             return ("it needs Monte-Carlo continuations of each response between scoring and "

@@ -44,6 +44,7 @@ from gear_rl.credit import (
     get_estimator,
     load_plugins,
 )
+from gear_rl.credit.opsd import sampled_token_distillation
 from gear_rl.runlog import DEFAULT_LOG_SAMPLES, check_run_log_settings
 from gear_rl.signals.divergence import SAMPLED_TOKEN_ESTIMATORS, sampled_token_divergence
 from gear_rl.signals.teacher import REFERENCE_KINDS, TeacherPromptConfig
@@ -438,7 +439,10 @@ def _signal_fields(name: str, estimator: Estimator,
             "signals belong to another batch or another row order"
         )
     values: dict[str, Any] = {}
-    for need in estimator.needs:
+    needs = list(estimator.needs)
+    if estimator.self_distillation:  # its sampled-token form reads both log-probs
+        needs += [n for n in ("student_logprobs", "teacher_logprobs") if n not in needs]
+    for need in needs:
         value = getattr(signals, need, None)
         if value is None:
             raise ValueError(
@@ -485,6 +489,8 @@ def make_verl_estimator(name: str) -> Any:
                             group_ids=[_hashable(i) for i in index], mask=response_mask,
                             extras=dict(extras), **values)
         advantages = estimator(batch, settings.config)
+        if estimator.self_distillation:  # the distillation term as verl's loss can carry it
+            advantages = advantages.float() + sampled_token_distillation(batch)
         dtype = token_level_rewards.dtype if token_level_rewards.is_floating_point() else (
             torch.float32)
         if signals is not None:
