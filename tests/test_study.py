@@ -10,6 +10,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -841,3 +842,34 @@ def test_a_cell_interrupted_before_its_first_checkpoint_starts_again(tmp_path: P
     assert [o.cell.name for o in seen] == ["arith/grpo-s0"] and not result.failed
     assert run.finished() and [r["step"] for r in run.read_metrics()] == [0, 1, 2]
     assert plan_cells(spec, tmp_path)[0].state == "finished"
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_study_and_its_running_cell_cleanly(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) reaches the study alone: it takes the Ctrl-C path (gear_rl.stop),
+    passes the signal on to its running cell, which stops at once keeping its checkpoints, and
+    says how to continue; before, the study died on the spot and its cell with it."""
+    spec = tmp_path / "term.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "term", "baseline": "grpo", "budget": {**TINY_BUDGET, "steps": 200},
+        "tasks": {"arith": {}}, "methods": {"grpo": {"seeds": [0]}}}, sort_keys=False))
+    out = tmp_path / "out"
+    cell = RunDir(out / "cells/arith/grpo-s0")
+    process = subprocess.Popen(_study_command(spec, out, jobs=1), env=_env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 600
+        while cell.latest_checkpoint() is None:
+            assert process.poll() is None and time.time() < deadline, "the cell never started"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, err[-2000:]
+    assert "interrupted; rerun the same command" in err and "Traceback" not in err
+    assert cell.latest_checkpoint() is not None and not cell.finished()
+    cell.lock()  # the cell's process is gone: nothing trains on into its folder
+    cell.unlock()
+    assert "interrupted" in (out / "cells/arith/grpo-s0.log").read_text()

@@ -189,15 +189,20 @@ def test_resume_refuses_another_out(tmp_path) -> None:
     assert resume_config(tmp_path / "run", {"out": str(tmp_path / "run")}).steps == 1
 
 
-def test_ctrl_c_exits_cleanly_and_says_how_to_resume(tmp_path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_exits_cleanly_and_says_how_to_resume(tmp_path, sig) -> None:
+    """Ctrl-C, and the stop signals that kill, timeout, a CI cancel or a closed terminal send
+    (gear_rl.stop: they take the same path; before, SIGTERM killed the run on the spot)."""
     out = tmp_path / "run"
     process = subprocess.Popen(_cli("steps=50", f"out={out}"), env=_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _wait_for(out / "checkpoints" / "latest", process)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err[-2000:]
     assert f"resume={out}" in err and "Traceback" not in err
+    if sig != signal.SIGINT:
+        return
     resumed = subprocess.run([sys.executable, "-m", "gear_rl.cli", "train", f"resume={out}",
                               "steps=3"], env=_env(), text=True, capture_output=True,
                              timeout=300, check=False)

@@ -19,6 +19,7 @@ from gear_rl.integrations.verl.values import (
     call_reward,
     continuation_requests,
     estimate_values,
+    job_scorer,
 )
 
 
@@ -73,6 +74,26 @@ def test_the_reward_function_is_called_as_verls_reward_manager_calls_it() -> Non
     assert call_reward(fn, "src", "text", "7", {"i": 1}) == 0.25
     assert seen == {"data_source": "src", "solution": "text", "gt": "7"}
     assert call_reward(afn, "src", "text", "7", None) == 0.5
+
+
+def test_a_reward_function_that_raises_ends_the_values_phase_naming_the_setting() -> None:
+    def broken(data_source, solution_str, ground_truth, extra_info=None):
+        raise KeyError("no such answer")
+
+    score = job_scorer(broken, lambda ids: " ".join(map(str, ids)), ["gear_rl/math"],
+                       [{"ground_truth": "7"}], [{}], "algorithm.adv_estimator=vineppo")
+    with pytest.raises(RuntimeError, match=r"adv_estimator=vineppo: the job's reward function "
+                       r".*row 0 \(data_source 'gear_rl/math'\): KeyError"):
+        estimate_values([[1]], [[2, 3]], [[1]], samples=2, max_response_length=4,
+                        generate=_constant_generate, score=score)
+    good = job_scorer(lambda data_source, solution_str, ground_truth, extra_info: float(
+        solution_str == ground_truth), lambda ids: "".join(map(str, ids)), ["s"],
+        [{"ground_truth": "35"}], [None], "x")
+    assert good(0, [3, 5]) == 1.0 and good(0, [3]) == 0.0
+
+
+async def _constant_generate(prefix, max_tokens):
+    return [5] * max_tokens
 
 
 # ------------------------------------------------------------------ a real job

@@ -17,6 +17,7 @@ import sys
 import textwrap
 
 from gear_rl.rundir import DISK_FULL  # the ground floor: no torch, cheap to import
+from gear_rl.stop import StopSignal, exit_code, stop_signals
 
 
 def _demo(argv: list[str]) -> int:
@@ -597,7 +598,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gear-rl: unknown command {command!r}; choose from {sorted(COMMANDS)}",
               file=sys.stderr)
         return 2
-    return COMMANDS[command](rest)
+    # SIGTERM and SIGHUP take each command's Ctrl-C path (gear_rl.stop): a run keeps its
+    # checkpoints, a study stops its cells, instead of dying on the spot
+    with stop_signals():
+        try:
+            return COMMANDS[command](rest)
+        except StopSignal as stop:  # a command without a Ctrl-C path of its own
+            print(f"gear-rl {command}: stopped by {stop}", file=sys.stderr)
+            return exit_code(stop)
 
 
 if __name__ == "__main__":

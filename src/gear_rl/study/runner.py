@@ -24,6 +24,7 @@ recorded as an amendment (:func:`register_study`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -42,6 +43,7 @@ import yaml
 from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
 from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import RunDir, atomic_write_text, machine_label, read_jsonl, trained_on
+from gear_rl.stop import StopSignal
 from gear_rl.study.registration import note_finished, register
 from gear_rl.study.spec import CELL_FREE, KEEP_POLICY, POLICY_DIR, Cell, StudySpec
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
@@ -574,8 +576,12 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
                 bar.set_postfix_str(postfix(), refresh=True)
                 refreshed = now
             time.sleep(0.5)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         result.interrupted = True
+        if isinstance(stop, StopSignal):  # sent to the study alone: pass it on to its cells
+            for job in running:
+                with contextlib.suppress(ProcessLookupError):
+                    job.process.send_signal(stop.signum)
         for job in running:  # Ctrl-C reached them too; let them stop cleanly, then make sure
             try:
                 job.process.wait(timeout=30)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from gear_rl.integrations.verl.cpu import CPU_ENV, cpu_overrides
+from gear_rl.stop import StopSignal, exit_code, stop_signals
 
 SETTINGS = ("math", "tir", "toolrl")
 SHM = Path("/dev/shm")
@@ -384,53 +385,17 @@ def _kill_group(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
             time.sleep(0.2)
 
 
-class _StopSignalError(Exception):
-    """A stop signal (SIGTERM, SIGHUP) reached :func:`run_job`'s process."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""What ``kill``, ``timeout``, a CI cancel, a scheduler or a closed terminal send: each ends the
-job as Ctrl-C does (its process group killed, its shared memory removed)."""
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """Turn :data:`STOP_SIGNALS` into :class:`_StopSignalError` in the main thread while the
-    block runs (off the main thread nothing changes: Python runs handlers there only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    stopping: list[int] = []
-
-    def stop(signum: int, _frame: Any) -> None:
-        if not stopping:  # a second signal must not break off the clean-up the first began
-            stopping.append(signum)
-            raise _StopSignalError(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def run_job(plan: JobPlan, *, timeout_s: float | None = None,
             log_path: Path | None = None) -> int:
     """Run ``plan`` in its own session, streaming its output (to ``log_path`` as well when
-    given); on exit, error, timeout, Ctrl-C or a stop signal (:data:`STOP_SIGNALS`) kill what is
+    given); on exit, error, timeout, Ctrl-C or a stop signal (:mod:`gear_rl.stop`) kill what is
     left of it and remove its shared memory. The timeout runs on the clock, not on the job's
     output: a silent job is stopped on time. Returns the job's exit code (124 on timeout, 130
-    on Ctrl-C, 128 + the signal's number on a stop signal)."""
+    on Ctrl-C, 128 + the signal's number on a stop signal, :mod:`gear_rl.stop`)."""
     log = log_path.open("w") if log_path is not None else None
     lines: queue.Queue[str | None] = queue.Queue()
     try:
-        with shm_cleanup(), _stop_on_signals():
+        with shm_cleanup(), stop_signals():
             process = subprocess.Popen(plan.command, env=plan.env, cwd=plan.workdir,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True, text=True, bufsize=1)
@@ -457,12 +422,10 @@ def run_job(plan: JobPlan, *, timeout_s: float | None = None,
                     sys.stdout.write(line)
                     if log is not None:
                         log.write(line)
-            except KeyboardInterrupt:
-                print("[verl-cpu] interrupted: stopping the job", file=sys.stderr)
-                return 130
-            except _StopSignalError as stopped:
-                print(f"[verl-cpu] {stopped}: stopping the job", file=sys.stderr)
-                return 128 + stopped.signum
+            except KeyboardInterrupt as stop:  # Ctrl-C, or a stop signal (gear_rl.stop)
+                how = stop if isinstance(stop, StopSignal) else "interrupted"
+                print(f"[verl-cpu] {how}: stopping the job", file=sys.stderr)
+                return exit_code(stop)
             finally:
                 _kill_group(process)
                 with contextlib.suppress(subprocess.TimeoutExpired):

@@ -176,7 +176,7 @@ class GEARTrainerMixin:
         boundaries it names, from continuations by the job's rollout servers scored by the
         job's reward function (:mod:`gear_rl.integrations.verl.values`); then the rollout
         servers' deferred sleep."""
-        from gear_rl.integrations.verl.values import call_reward, estimate_values
+        from gear_rl.integrations.verl.values import estimate_values, job_scorer
 
         settings = self.gear_settings
         assert settings is not None
@@ -199,25 +199,12 @@ class GEARTrainerMixin:
             boundaries = [[] if pad else list(b) for pad, b in zip(
                 padding, settings.estimator.mc_boundaries(credit, settings.config),
                 strict=True)]
-            sources = _prompt_rows(data["data_source"])
-            models = _prompt_rows(data["reward_model"])
-            infos = _prompt_rows(data["extra_info"])
-            reward_fn = _reward_function(self.config)
-            name = verl_adv_estimator(self.config)
-
-            def score(row: int, ids: list[int]) -> float:
-                model = models[row] if isinstance(models[row], dict) else {}
-                try:
-                    return call_reward(reward_fn, sources[row],
-                                       decode(ids, skip_special_tokens=True),
-                                       model.get("ground_truth"), infos[row])
-                except Exception as err:
-                    raise RuntimeError(
-                        f"algorithm.adv_estimator={name}: the job's reward function "
-                        f"(reward.custom_reward_function) raised while scoring a Monte-Carlo "
-                        f"continuation of row {row} (data_source {sources[row]!r}): "
-                        f"{err!r}") from err
-
+            score = job_scorer(_reward_function(self.config),
+                               lambda ids: decode(ids, skip_special_tokens=True),
+                               _prompt_rows(data["data_source"]),
+                               _prompt_rows(data["reward_model"]),
+                               _prompt_rows(data["extra_info"]),
+                               f"algorithm.adv_estimator={verl_adv_estimator(self.config)}")
             rollout = self.config.actor_rollout_ref.rollout
             sampling = {"temperature": float(rollout.temperature),
                         "top_p": float(rollout.get("top_p", 1.0)),

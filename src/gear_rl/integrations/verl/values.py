@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ContinuationRequest", "MonteCarloValues", "continuation_requests",
-           "estimate_values", "score_continuations"]
+__all__ = ["ContinuationRequest", "MonteCarloValues", "call_reward", "continuation_requests",
+           "estimate_values", "job_scorer", "score_continuations"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,26 @@ def call_reward(fn: Callable[..., Any], data_source: Any, solution: str, ground_
 
 async def _await(value: Any) -> Any:
     return await value
+
+
+def job_scorer(reward_fn: Callable[..., Any], decode: Callable[[list[int]], str],
+               data_sources: Sequence[Any], reward_models: Sequence[Any],
+               extra_infos: Sequence[Any], setting: str) -> Score:
+    """``score(row, response_ids)`` with the job's reward function on row ``row``'s problem
+    (its ``data_source``, ``reward_model.ground_truth`` and ``extra_info``); an exception of
+    the reward function becomes a ``RuntimeError`` naming ``setting`` (e.g.
+    ``algorithm.adv_estimator=vineppo``), the row and its data source, so the job ends saying
+    why instead of training on a value it could not compute."""
+
+    def score(row: int, ids: list[int]) -> float:
+        model = reward_models[row] if isinstance(reward_models[row], dict) else {}
+        try:
+            return call_reward(reward_fn, data_sources[row], decode(ids),
+                               model.get("ground_truth"), extra_infos[row])
+        except Exception as err:
+            raise RuntimeError(
+                f"{setting}: the job's reward function (reward.custom_reward_function) raised "
+                f"while scoring a Monte-Carlo continuation of row {row} (data_source "
+                f"{data_sources[row]!r}): {err!r}") from err
+
+    return score
