@@ -360,10 +360,12 @@ def test_report_never_loads_torch(report_modules: set[str]) -> None:
 
 def test_ground_floor_modules_import_nothing_above_them() -> None:
     """rundir, stats and figures are the ground floor: report, study and the credit check
-    import them, and they import nothing from the project but rundir."""
+    import them, and they import nothing from the project but the ground floor itself (rundir,
+    and for rundir's output-folder check and bounded readers dataclass_config and safe_json,
+    which import nothing)."""
     code = ("import json, sys; import gear_rl.rundir, gear_rl.stats, gear_rl.figures; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('gear_rl'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=True)
-    assert json.loads(done.stdout) == ["gear_rl", "gear_rl.figures", "gear_rl.rundir",
-                                       "gear_rl.stats"]
+    assert json.loads(done.stdout) == ["gear_rl", "gear_rl.dataclass_config", "gear_rl.figures",
+                                       "gear_rl.rundir", "gear_rl.safe_json", "gear_rl.stats"]

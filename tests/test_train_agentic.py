@@ -227,7 +227,7 @@ def test_episode_loop_stops_at_the_token_budget_and_turn_limit() -> None:
     ("sokoban:big", {}, "no ':' argument"),
     ("sokoban", {"options": {"num_boxes": 9}}, "num_boxes"),
     ("sokoban", {"options": {"colour": 1}}, "bad task_options"),
-    ("keydoor", {"eval_path": "x.jsonl"}, "eval_path"),
+    ("keydoor", {"eval_path": "x.jsonl"}, "eval_data"),  # the user's key
     ("tool-math", {"instruction": ""}, None),
 ])
 def test_load_task_agent_specs(spec: str, kwargs: dict, match: str | None) -> None:

@@ -113,7 +113,7 @@ def test_out_refuses_a_foreign_folder_and_a_file(tmp_path) -> None:
     assert (folder / "notes.txt").read_text() == "keep me"
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    with pytest.raises(ValueError, match="is a file"):
+    with pytest.raises(ValueError, match="is a regular file, not a folder"):
         tiny_trainer(a_file, "steps=1")
 
 
