@@ -131,10 +131,14 @@ def _teach(model: Any, tokenizer: Any, texts: Sequence[str],
     targets = [tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
                for text in texts]
 
+    def pick(options: Sequence[Any]) -> Any:
+        # one option draws nothing: the tool-call model is the one taught before actions were
+        return options[0] if len(options) == 1 else rng.choice(options)
+
     def context() -> list[int]:
         messages = list(rng.choice(prompts))
         if rng.random() < 0.5:  # a later turn, after the tool's answer or the next board
-            messages += [{"role": "assistant", "content": rng.choice(texts)},
+            messages += [{"role": "assistant", "content": pick(texts)},
                          {"role": answer_role, "content": (str(rng.randint(0, 99))
                                                            if answer_role == "tool"
                                                            else messages[-1]["content"])}]
@@ -146,7 +150,7 @@ def _teach(model: Any, tokenizer: Any, texts: Sequence[str],
         optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
         model.train()
         for _ in range(steps):
-            pairs = [(context(), rng.choice(targets)) for _ in range(batch)]
+            pairs = [(context(), pick(targets)) for _ in range(batch)]
             rows = [c + t for c, t in pairs]
             width = max(len(r) for r in rows)
             ids = torch.full((batch, width), tokenizer.pad_token_id)
