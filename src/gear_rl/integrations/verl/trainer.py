@@ -186,7 +186,7 @@ class GEARTrainerMixin:
                                                   "data_source", "reward_model",
                                                   "extra_info"])
             prompts, responses = _id_rows(data["prompts"]), _id_rows(data["responses"])
-            padding = [bool(tag.get("is_padding", False)) for tag in batch.tags]
+            padding = _padding_rows(batch)
             decode = self.tokenizer.decode
             texts = [[decode([t], skip_special_tokens=True) for t in row] for row in responses]
             uids = [str(u) for u in _prompt_rows(data["uid"])]
@@ -289,7 +289,7 @@ class GEARTrainerMixin:
                                select_fields=fields)
         prompts, responses = _id_rows(data["prompts"]), _id_rows(data["responses"])
         padded = data.to_padded_tensor()
-        keep = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
+        keep = [i for i, pad in enumerate(_padding_rows(batch)) if not pad]
         rows = torch.tensor(keep, dtype=torch.long)
         scores = padded["rm_scores"].float().sum(-1).cpu()
         credited = (padded["token_level_rewards"].float().sum(-1).cpu() if kl_in_reward
@@ -419,7 +419,7 @@ class GEARTrainerMixin:
         extras = None
         if extra_fields is not None:
             extras = step_extras(extra_fields, padded["response_mask"],
-                                 [bool(tag.get("is_padding", False)) for tag in batch.tags])
+                                 _padding_rows(batch))
             if settings.estimator.requires_states(settings.config) and "state_keys" not in extras:
                 raise ValueError(
                     f"algorithm.adv_estimator={verl_adv_estimator(self.config)}: "
@@ -458,7 +458,7 @@ class GEARTrainerMixin:
             _id_rows(data["response_mask"]), _prompt_rows(data["raw_prompt"]), references,
             self._gear_render, self._gear_encode, kind=settings.reference_kind,
             config=settings.teacher_prompt,
-            skip=[bool(tag.get("is_padding", False)) for tag in batch.tags],
+            skip=_padding_rows(batch),
         )
         teacher_keys = [f"{key}{TEACHER_KEY_SUFFIX}" for key in batch.keys]
         partition = f"{batch.partition_id}{TEACHER_PARTITION_SUFFIX}"
@@ -516,9 +516,9 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                        "gear-rl estimator): running as verl's own loop", estimator)
         return None
     settings = settings_from_algorithm(algorithm)
+    loop = OmegaConf.select(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
     if settings.estimator.mc_boundaries is not None:
-        loop = _get_path(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        mode = _get_path(config, "trainer.v1.trainer_mode")
+        mode = OmegaConf.select(config, "trainer.v1.trainer_mode")
         if loop not in (None, "single_turn_agent"):
             raise ValueError(
                 f"algorithm.adv_estimator={estimator} continues single-turn responses "
@@ -529,15 +529,13 @@ def gear_settings_for(config: Any) -> VerlGEARSettings | None:
                 f"algorithm.adv_estimator={estimator} needs trainer.v1.trainer_mode=gear: its "
                 "values phase continues the step's responses on the rollout servers that "
                 f"sampled them, which {mode} keeps sampling the next batch with")
-    if settings.estimator.step_level:
-        loop = _get_path(config, "actor_rollout_ref.rollout.agent.default_agent_loop")
-        if loop in (None, "single_turn_agent"):
-            raise ValueError(
-                f"algorithm.adv_estimator={estimator} is step-level: it needs multi-turn "
-                "trajectories, and actor_rollout_ref.rollout.agent.default_agent_loop is "
-                f"{loop or 'single_turn_agent'} (one turn per trajectory): set it to "
-                f"{AGENT_LOOP_NAME} for gear-rl's environments (SETTING=sokoban, keydoor, "
-                "textarena:GAME) or tool_agent for verl's tool loop")
+    if settings.estimator.step_level and loop in (None, "single_turn_agent"):
+        raise ValueError(
+            f"algorithm.adv_estimator={estimator} is step-level: it needs multi-turn "
+            "trajectories, and actor_rollout_ref.rollout.agent.default_agent_loop is "
+            f"{loop or 'single_turn_agent'} (one turn per trajectory): set it to "
+            f"{AGENT_LOOP_NAME} for gear-rl's environments (SETTING=sokoban, keydoor, "
+            "textarena:GAME) or tool_agent for verl's tool loop")
     if settings.estimator.needs:
         correction = algorithm.get("rollout_correction", None)
         if correction is not None and correction.get("bypass_mode", False):
@@ -567,12 +565,9 @@ def verl_adv_estimator(config: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def _get_path(config: Any, dotted: str) -> Any:
-    """``config``'s value at ``dotted`` (``a.b.c``), or None where a key is missing."""
-    node = config
-    for key in dotted.split("."):
-        node = node.get(key, None) if node is not None else None
-    return node
+def _padding_rows(batch: KVBatchMeta) -> list[bool]:
+    """Which of ``batch``'s rows are verl's padding rows (``is_padding`` in their tags)."""
+    return [bool(tag.get("is_padding", False)) for tag in batch.tags]
 
 
 def _version(distribution: str) -> str | None:
