@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+from gear_rl.rundir import read_eval_records
 from gear_rl.train import load_config
-from gear_rl.train.evaluate import read_eval_records
 from gear_rl.train.runtime import config_task
 
 TASK = "products_first"
