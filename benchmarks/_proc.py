@@ -7,7 +7,7 @@ for a process that uses it."""
 
 from __future__ import annotations
 
-from gear_rl.train.runtime import status_bytes as _status_bytes
+from gear_rl.train.memory import status_bytes as _status_bytes
 
 
 def status_bytes(field: str) -> int:

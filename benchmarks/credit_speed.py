@@ -232,7 +232,7 @@ def main() -> None:
                              "faulted in on every call, which is most of the unit's time")
     args = parser.parse_args()
     if args.heap_reuse:
-        from gear_rl.train.runtime import keep_heap_pages
+        from gear_rl.train.memory import keep_heap_pages
 
         print(f"heap reuse applied: {keep_heap_pages()}")
     kernel_table(args)

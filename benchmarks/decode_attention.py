@@ -32,9 +32,9 @@ import torch
 
 from _alternate import alternate
 from _runtime import training_runtime
+from gear_rl.rundir import cpu_model
 from gear_rl.sampling import SamplingParams, sample_responses
 from gear_rl.signals import prompt_ids
-from gear_rl.train.runtime import cpu_model
 
 
 def contexts(runtime, rows: int, group: int, length: int) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """The trainer's scoring + update with and without ``heap_reuse`` (glibc keeps freed blocks for
-reuse within a phase; ``gear_rl.train.runtime.keep_heap_pages``).
+reuse within a phase; ``gear_rl.train.memory.keep_heap_pages``).
 
     python benchmarks/heap_reuse.py [--estimators gear,grpo] [--updates 5] [--rounds 2]
         [key=value ...]

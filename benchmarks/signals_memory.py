@@ -53,12 +53,13 @@ from collections.abc import Callable
 
 import torch
 
+from gear_rl.models import SMOLLM2_135M_SHAPE
 from gear_rl.signals import build_prompt_pairs, response_logprobs, token_signals
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _proc import reset_peak, status_bytes
 
-VOCAB = 49_152
+VOCAB = SMOLLM2_135M_SHAPE["vocab_size"]
 
 
 def _configuration(quick: bool) -> dict:
@@ -103,9 +104,8 @@ def _worker(args: argparse.Namespace) -> None:
 
     device = torch.device(args.device)
     config = _configuration(args.quick)
-    model = tiny_random_model("llama", vocab_size=VOCAB, hidden_size=576, num_heads=9,
-                              num_kv_heads=3, intermediate_size=1536, num_layers=args.layers,
-                              device=device)
+    shape = {**SMOLLM2_135M_SHAPE, "num_layers": args.layers, "tie_word_embeddings": False}
+    model = tiny_random_model("llama", **shape, device=device)
     prompts, teachers, responses = _inputs(config)
 
     def run(method: str) -> tuple[torch.Tensor, ...]:

@@ -76,7 +76,7 @@ def _rollout(overrides: list[str], path: str) -> None:
 
 
 def _update(overrides: list[str], path: str, trims: bool = True) -> None:
-    from gear_rl.train.runtime import release_free_memory
+    from gear_rl.train.memory import release_free_memory
 
     trainer = _trainer(overrides)
     if not trims:

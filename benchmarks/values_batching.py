@@ -45,9 +45,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 
 from gear_rl.mc_values import Trajectory, estimate_values
+from gear_rl.rundir import cpu_model
 from gear_rl.train import Trainer, load_config
 from gear_rl.train.episodes import task_reward_fn
-from gear_rl.train.runtime import cpu_model
 from values_phase import TASKS  # the same two tasks (benchmarks/ is on the path)
 
 

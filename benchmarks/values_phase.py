@@ -31,8 +31,8 @@ import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from gear_rl.rundir import cpu_model
 from gear_rl.train import Trainer, load_config
-from gear_rl.train.runtime import cpu_model
 
 TASKS = {
     "default": [],

@@ -1,5 +1,6 @@
 """Do two runs log the same numbers? Compares two ``metrics.jsonl`` files record by record,
-every key except timings (``time/*``), memory (``memory/*``) and ``rollout_tok_per_s``, with
+every key except timings (``time/*``), memory (``memory/*``), hardware utilisation
+(``perf/*``) and ``rollout_tok_per_s``, with
 exact equality: what a refactor that keeps behaviour must show on the same seed and machine.
 
 Run:  python scripts/same_metrics.py RUN_A/metrics.jsonl RUN_B/metrics.jsonl
@@ -12,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-SKIPPED = ("time/", "memory/", "rollout_tok_per_s")
+SKIPPED = ("time/", "memory/", "perf/", "rollout_tok_per_s")
 
 
 def _records(path: str) -> list[dict]:

@@ -26,6 +26,7 @@ import torch
 # trains or spawns is refused loudly instead of slowing the loop (move it to another file or
 # into QUICK_EXCEPT). Everything else runs in the full suite, which CI runs.
 QUICK: dict[str, tuple[str, ...] | None] = {
+    "test_study_verl_spec.py": None,
     "test_credit_errors.py": None,
     "test_credit_gear_examples.py": None,
     "test_credit_gear_preset.py": None,

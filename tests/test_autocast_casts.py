@@ -126,10 +126,10 @@ def test_heap_trims_once_before_the_lm_head(monkeypatch):
     the head's first call after the layers (where the gradient passes have just dropped the
     layers' bf16 copies), not before the next calls until layers run again; a forward without
     gradients does not trim; the values and gradients are the plain model's."""
-    import gear_rl.train.runtime as runtime
+    import gear_rl.train.memory as memory
 
     calls: list[str] = []
-    monkeypatch.setattr(runtime, "release_free_memory", lambda: calls.append("trim"))
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append("trim"))
     model = tiny_random_model("llama", vocab_size=64, seed=3, num_layers=5)
     head = model.get_output_embeddings()
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
@@ -140,7 +140,7 @@ def test_heap_trims_once_before_the_lm_head(monkeypatch):
     order: list[str] = []
     handle = head.register_forward_pre_hook(lambda _m, _a: order.append(f"head{len(calls)}"))
     try:
-        with runtime.heap_trims(model.base_model.layers, every=2, head=head):
+        with memory.heap_trims(model.base_model.layers, every=2, head=head):
             with torch.no_grad():
                 model(input_ids=ids)
             assert calls == []

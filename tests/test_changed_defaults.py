@@ -18,7 +18,7 @@ from gear_rl.credit.registry import upgrade_recorded_config
 from gear_rl.rundir import RunDir, write_manifest
 from gear_rl.train.config import config_from_dict, config_to_dict, load_config
 from gear_rl.train.records import is_measurement
-from gear_rl.train.trainer import resume_config
+from gear_rl.train.resume import resume_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FP32 = ("precision=fp32", "rollout.dtype=fp32", "seed=0", "log.checkpoint_every=2")

@@ -18,7 +18,7 @@ import torch
 from conftest import TINY_RUN, tiny_trainer
 from gear_rl.cli import main
 from gear_rl.train import load_config
-from gear_rl.train.trainer import resume_config
+from gear_rl.train.resume import resume_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,7 +75,7 @@ def test_resume_refuses_data_files_replaced_since_the_run_started(tmp_path) -> N
 
 def test_data_fingerprint_covers_every_file_a_run_reads(tmp_path) -> None:
     from conftest import toy_task
-    from gear_rl.train.runtime import data_fingerprint
+    from gear_rl.train.resume import data_fingerprint
 
     files = {name: tmp_path / name for name in ("a.jsonl", "b.json", "levels.txt", "t.json")}
     for path in files.values():

@@ -119,7 +119,7 @@ def test_an_export_into_a_runs_checkpoints_is_refused_and_pruning_spares_real_on
 
 def _resume(run: Path, *overrides: str):
     from gear_rl.dataclass_config import parse_overrides
-    from gear_rl.train.trainer import resume_config
+    from gear_rl.train.resume import resume_config
 
     return resume_config(str(run), parse_overrides(list(overrides)))
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gear_rl.train.runtime import release_free_memory, status_bytes
+from gear_rl.train.memory import release_free_memory, status_bytes
 
 
 def _rss_mb() -> float:
@@ -45,7 +45,7 @@ def test_freed_heap_pages_go_back_to_the_os() -> None:
 
 _REUSE_PROBE = """
 import ctypes, resource, sys
-from gear_rl.train.runtime import keep_heap_pages
+from gear_rl.train.memory import keep_heap_pages
 if sys.argv[1] == "keep":
     assert keep_heap_pages()
 libc = ctypes.CDLL(None)
@@ -108,11 +108,11 @@ def test_heap_trims_every_few_layers_forward_and_backward(monkeypatch) -> None:
     block the hooks are gone; the outputs and gradients are those of the plain model."""
     import torch
 
-    import gear_rl.train.runtime as runtime
+    import gear_rl.train.memory as memory
     from gear_rl.models import tiny_random_model
 
     calls: list[str] = []
-    monkeypatch.setattr(runtime, "release_free_memory", lambda: calls.append("trim"))
+    monkeypatch.setattr(memory, "release_free_memory", lambda: calls.append("trim"))
     model = tiny_random_model("llama", vocab_size=64, seed=3, num_layers=5)
     layers = model.base_model.layers
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
@@ -120,7 +120,7 @@ def test_heap_trims_every_few_layers_forward_and_backward(monkeypatch) -> None:
     want.sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    with runtime.heap_trims(layers, every=2):
+    with memory.heap_trims(layers, every=2):
         with torch.no_grad():
             model(input_ids=ids)
         assert calls == []
@@ -192,15 +192,21 @@ def test_the_trainer_trims_between_phases_only_without_heap_reuse(tmp_path, monk
     monkeypatch.setattr(memory_module, "HEAP_GROWTH", growth)
     trainer = tiny_trainer(tmp_path / "run", f"heap_reuse={str(reuse).lower()}",
                            "estimator=grpo")
-    calls: list[str] = []
-    monkeypatch.setattr(memory_module, "release_free_memory", lambda: calls.append("trim"))
-    counts = []
+    calls: list[str] = []  # who trimmed: the policy between phases, or heap_trims' hooks
+
+    def spy() -> None:
+        calls.append(sys._getframe(1).f_code.co_name)
+
+    monkeypatch.setattr(memory_module, "release_free_memory", spy)
+    counts, layer_trims = [], 0
     try:
         assert trainer.runtime.heap_reuse is reuse
         for step in (1, 2, 3):
             calls.clear()
             trainer.step(step)
-            counts.append(len(calls))
+            counts.append(calls.count("after_phase"))
+            layer_trims += len(calls) - counts[-1]
     finally:
         trainer.close()
     assert counts == trims
+    assert (layer_trims > 0) is not reuse  # the update's layer trims only without reuse

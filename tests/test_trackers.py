@@ -20,8 +20,7 @@ import yaml
 
 from conftest import tiny_trainer
 from gear_rl.train.config import config_from_dict, config_to_dict, load_config
-from gear_rl.train.runtime import config_differences
-from gear_rl.train.trainer import resume_config
+from gear_rl.train.resume import config_differences, resume_config
 
 pytestmark = pytest.mark.usefixtures("one_thread", "offline_trackers")
 

@@ -21,7 +21,8 @@ import torch
 from conftest import tiny_trainer
 from gear_rl.credit import get_estimator, grpo_advantages
 from gear_rl.train import load_config
-from gear_rl.train.trainer import NonFiniteTrainingError, resume_config
+from gear_rl.train.resume import resume_config
+from gear_rl.train.trainer import NonFiniteTrainingError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -94,7 +95,7 @@ def test_eval_refuses_a_checkpoint_with_nan_weights(tmp_path) -> None:
     from gear_rl.rundir import write_manifest
 
     write_manifest(weights.parent)  # as if the NaN weights had been saved as they are
-    from gear_rl.train.trainer import evaluate_model
+    from gear_rl.train.evaluate import evaluate_model
 
     config = load_config(None, ["model=tiny-random", "eval.size=2", "eval.k=1"])
     with pytest.raises(ValueError, match="NaN or inf weights"):

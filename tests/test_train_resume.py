@@ -82,7 +82,7 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path, args: list[str]) -> N
 
 
 def test_resume_refuses_changed_settings(tmp_path) -> None:
-    from gear_rl.train.trainer import resume_config
+    from gear_rl.train.resume import resume_config
 
     run = tmp_path / "run"
     run.mkdir()

@@ -186,7 +186,7 @@ def _train(argv: list[str]) -> int:
         config_path, overrides = _split_train_args(argv)
         parsed = parse_overrides(overrides)
         if parsed.get("resume"):
-            from gear_rl.train.trainer import resume_config
+            from gear_rl.train.resume import resume_config
 
             if config_path is not None:
                 raise ValueError("resume=RUN_DIR takes the run's own config; drop CONFIG.yaml")
@@ -194,7 +194,7 @@ def _train(argv: list[str]) -> int:
             config = resume_config(str(run_dir), parsed)
         else:
             config = load_config(config_path, overrides)
-        from gear_rl.train.runtime import run_path
+        from gear_rl.train.resume import run_path
         from gear_rl.train.trainer import Trainer, format_summary
 
         config.out = config.out or str(run_path(config))  # fixed: a full disk message names it
@@ -261,7 +261,7 @@ def _eval(argv: list[str]) -> int:
             checkpoint = path
         else:
             config = load_config(None, overrides)
-        from gear_rl.train.trainer import evaluate_model
+        from gear_rl.train.evaluate import evaluate_model
 
         result = evaluate_model(config, checkpoint)
     except ValueError as error:

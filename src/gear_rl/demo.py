@@ -50,9 +50,13 @@ def run_demo(seed: int = 0, batch: int = 8, length: int = 24) -> None:
     print("per-token advantage relative to GRPO's A_i, averaged over policy tokens:")
     print(f"{'estimator':<22}{'mean|Ahat|':>11}{'Ahat/A (A>0)':>14}{'Ahat/A (A<0)':>14}")
     policy = data.mask.bool()
+    skipped = []
     for name in estimator_names(step_level=False):
         estimator = get_estimator(name)
         if not estimator.uses_reward:
+            continue
+        if estimator.mc_boundaries is not None:
+            skipped.append(name)  # its values come from the policy's continuations
             continue
         out = estimator(data)
         ratio = torch.where(policy, out / advantages[:, None].where(advantages[:, None] != 0,
@@ -61,6 +65,9 @@ def run_demo(seed: int = 0, batch: int = 8, length: int = 24) -> None:
         neg = policy & (advantages[:, None] < 0)
         print(f"{name:<22}{out[policy].abs().mean().item():>11.3f}"
               f"{ratio[pos].mean().item():>14.3f}{ratio[neg].mean().item():>14.3f}")
+    if skipped:
+        print(f"(not shown: {', '.join(skipped)}, whose Monte-Carlo values come from a policy's "
+              "continuations: gear-rl train's values phase)")
 
     config = GEARConfig()
     onsets = gear_segments(data.divergence, data.entropy, data.mask, config)

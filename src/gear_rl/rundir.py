@@ -56,6 +56,7 @@ __all__ = [
     "CREDIT_CHECK_TRAJECTORIES",
     "CREDIT_CHECK_VALUES",
     "DISK_FULL",
+    "EVAL_RECORDS",
     "LOCK",
     "METRICS",
     "RUN_INFO",
@@ -69,12 +70,15 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "checkpoint_problem",
+    "cpu_model",
     "file_sha256",
     "fsync_folder",
     "fsync_path",
     "machine_label",
+    "read_eval_records",
     "read_jsonl",
     "trained_on",
+    "write_eval_records",
     "write_manifest",
 ]
 
@@ -549,3 +553,59 @@ class RunDir:
             return []
         return sorted(p for p in self.checkpoints.iterdir()
                       if p.is_dir() and not p.is_symlink() and p.name.startswith("step-"))
+
+
+# ---- where a run trained, and its held-out records
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``; else what :mod:`platform` knows): bf16
+    is native on some of the machines this project runs on and emulated on others, so results
+    record it."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+EVAL_RECORDS = "eval_records"
+"""The folder of a run directory holding the per-problem records of each evaluation."""
+
+
+def _records_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / EVAL_RECORDS / f"step-{step:06d}.json"
+
+
+def write_eval_records(run_dir: str | Path, step: int, result: dict[str, Any], *, k: int,
+                       seed: int) -> Path:
+    """Store the per-problem ``records`` of one :func:`evaluate` ``result`` at training
+    ``step`` as ``RUN_DIR/eval_records/step-NNNNNN.json`` (atomically; an existing file of the
+    same step, left by an interrupted run that is resumed, is replaced). Returns its path."""
+    path = _records_path(run_dir, step)
+    atomic_write_text(path, json.dumps({"step": step, "k": k, "seed": seed,
+                                        "records": result["records"]}) + "\n")
+    return path
+
+
+def read_eval_records(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """Every evaluation's records of a run directory: step -> ``{"step", "k", "seed",
+    "records"}`` ({} when the run stored none). A malformed file raises ``ValueError`` naming
+    it."""
+    folder = Path(run_dir) / EVAL_RECORDS
+    out: dict[int, dict[str, Any]] = {}
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("step-*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            step, records = int(data["step"]), data["records"]
+            if not isinstance(records, list) or not all(
+                    isinstance(r, dict) and isinstance(r.get("rewards"), list) for r in records):
+                raise TypeError("records must be a list of objects with rewards")
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{path}: not an eval records file ({error})") from error
+        out[step] = data
+    return out

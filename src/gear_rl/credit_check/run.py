@@ -61,6 +61,7 @@ from gear_rl.credit_check.scores import (
 )
 from gear_rl.dataclass_config import check_folder, check_output_folder
 from gear_rl.mc_values import (
+    ContinueFn,
     PrefixValues,
     choose_boundaries,
     estimate_episode_values,
@@ -78,6 +79,7 @@ from gear_rl.rundir import (
     RunDir,
     append_jsonl,
     atomic_write_text,
+    cpu_model,
     read_jsonl,
 )
 from gear_rl.seeding import sequence_seed
@@ -87,7 +89,13 @@ from gear_rl.tasks import Problem, Task
 from gear_rl.train.config import SignalConfig, TrainConfig, config_from_dict, recorded_config
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_reward_fn
 from gear_rl.train.export import read_export_info
-from gear_rl.train.runtime import agent_limits, cpu_model, rollout_settings
+from gear_rl.train.runtime import (
+    Runtime,
+    agent_limits,
+    build_runtime,
+    config_task,
+    rollout_settings,
+)
 from gear_rl.train.scoring import (
     SignalPass,
     check_prompts_fit,
@@ -338,7 +346,7 @@ def _signal_key(settings: SignalConfig) -> tuple[Any, ...]:
 
 
 @torch.no_grad()
-def _signals(runtime: Any, temperature: float, settings: SignalConfig,
+def _signals(runtime: Runtime, temperature: float, settings: SignalConfig,
              rows: list[dict[str, Any]], problems: list[Problem]) -> dict[str, torch.Tensor]:
     """The trainer's no-grad signal pass (:class:`gear_rl.train.scoring.SignalPass`, as
     ``Trainer.score`` runs it) over ``rows``: ``[N, T]`` CPU float32 student log-probs, entropy,
@@ -433,7 +441,7 @@ def _draw_problems(task: Task, check: CreditCheckConfig) -> tuple[list[int], Seq
     return order[:check.groups], pool
 
 
-def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: Task,
+def _sample(runtime: Runtime, config: TrainConfig, check: CreditCheckConfig, task: Task,
             chosen: list[int], pool: Sequence[Problem]) -> list[dict[str, Any]]:
     """The trajectories: K responses per chosen problem, a training step's batch at a time."""
     rollout, k = config.rollout, config.rollout.samples_per_prompt
@@ -465,8 +473,8 @@ def _sample(runtime: Any, config: TrainConfig, check: CreditCheckConfig, task: T
     return rows
 
 
-def _episode_continuer(runtime: Any, config: TrainConfig, task: Task, problem: Problem,
-                       prompt: list[int]) -> Any:
+def _episode_continuer(runtime: Runtime, config: TrainConfig, task: Task, problem: Problem,
+                       prompt: list[int]) -> ContinueFn:
     """The :data:`~gear_rl.mc_values.ContinueFn` of one agent or environment
     trajectory: its episodes finished from prefixes by the trainer's episode loop, scored as
     in training (the task's scorer, or the game's solve)."""
@@ -569,8 +577,6 @@ def credit_check(
             variant whose inputs are missing (:func:`plan_rows`), an ``out`` holding other
             settings or other files.
     """
-    from gear_rl.train.runtime import build_runtime, config_task
-
     check = check if check is not None else CreditCheckConfig()
     config.validate()  # a bad estimator or credit key fails here, before the task loads
     check.check_memory(config)
@@ -590,33 +596,162 @@ def credit_check(
         runtime = build_runtime(config, model=model, tokenizer=tokenizer, task=task,
                                 checkpoint=checkpoint, run_dir=out)
         try:
-            return _run(config, check, out, runtime, task, chosen, pool, rows_plan, skipped,
-                        checkpoint, checkpoint_step)
+            run = _Check(config=config, check=check, out=out, runtime=runtime, task=task,
+                         checkpoint=checkpoint, checkpoint_step=checkpoint_step)
+            return _run(run, chosen, pool, rows_plan, skipped)
         finally:
             runtime.close()
     finally:
         folder.unlock()
 
 
-def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any, task: Task,
-         chosen: list[int], pool: Sequence[Problem], rows_plan: list[EstimatorRow],
-         skipped: dict[str, str], checkpoint: str | Path | None, checkpoint_step: int
-         ) -> CreditCheckResult:
+@dataclass
+class _Check:
+    """One credit check's fixed inputs, read by every step of :func:`_run`.
+
+    Attributes:
+        config: the trainer's settings (sampler, signals, run estimator).
+        check: the check's own settings.
+        out: the output folder (locked by :func:`credit_check`).
+        runtime: the built run: policy, sampler copy, tokenizer, task, sandbox.
+        task: the task the trajectories come from.
+        checkpoint, checkpoint_step: the weights loaded (None: ``config.model``'s own) and
+            their training step.
+    """
+
+    config: TrainConfig
+    check: CreditCheckConfig
+    out: Path
+    runtime: Runtime
+    task: Task
+    checkpoint: str | Path | None
+    checkpoint_step: int
+
+    @property
+    def multi_turn(self) -> bool:
+        """An agent or environment task (episodes with turns)."""
+        return self.task.agent is not None or self.task.env is not None
+
+
+@dataclass
+class _Trajectories:
+    """The sampled trajectories and the truth's plan (``trajectories.json``).
+
+    Attributes:
+        rows: one record per trajectory (:func:`_sample`), ``N`` of them.
+        truth_plan: the rows whose truth is estimated, with their boundaries.
+        problems: ``rows``' problems, row by row.
+        sample_seconds: the time sampling took (in the session that sampled).
+    """
+
+    rows: list[dict[str, Any]]
+    truth_plan: list[dict[str, Any]]
+    problems: list[Problem]
+    sample_seconds: float
+
+
+@dataclass
+class _Truth:
+    """How far the Monte-Carlo truth got (``values.jsonl``).
+
+    Attributes:
+        done: the recorded trajectories' values, by row.
+        spent: continuation tokens spent over all sessions.
+        complete: every planned trajectory has its truth (False: ``budget`` stopped it).
+        session_tokens, session_seconds: what this session spent.
+    """
+
+    done: dict[int, dict[str, Any]]
+    spent: int
+    complete: bool
+    session_tokens: int
+    session_seconds: float
+
+
+@dataclass
+class _Credit:
+    """Every row's credit on the trajectories.
+
+    Attributes:
+        rewards: ``[N]`` the trajectories' rewards. ``groups``: their prompt groups.
+        base: the run's own signals (``[N, T]`` student and teacher log-probs, entropy,
+            divergence, mask).
+        outcome: ``[N, T]`` the GRPO outcome advantage of every token.
+        advantages: ``[N, T]`` each row's token advantages, by label.
+        segments: ``[N, T]`` the segment ids of the rows whose estimator has segments.
+        base_onsets: ``[N, T]`` the report's GEAR segments under the run's signals.
+    """
+
+    rewards: torch.Tensor
+    groups: list[int]
+    base: dict[str, torch.Tensor]
+    outcome: torch.Tensor
+    advantages: dict[str, torch.Tensor]
+    segments: dict[str, torch.Tensor]
+    base_onsets: torch.Tensor
+
+
+def _run(run: _Check, chosen: list[int], pool: Sequence[Problem],
+         rows_plan: list[EstimatorRow], skipped: dict[str, str]) -> CreditCheckResult:
+    """The check's steps: prompts checked, the trajectories sampled (or read back), their
+    truth estimated, every row's credit computed and scored, the outputs written."""
     started = time.perf_counter()
-    rollout = config.rollout
-    multi_turn = task.agent is not None or task.env is not None
-    check_prompts_fit(runtime.tokenizer, runtime.model, (pool[i] for i in chosen),
-                      _teacher_config(config.signals), source=task.name,
-                      new_tokens=(agent_limits(config, task).max_response_tokens if multi_turn
-                                  else rollout.max_new_tokens))
-    segment_estimator, segment_config = _segment_config(config)
+    _check_prompts(run, chosen, pool)
+    segment_estimator, segment_config = _segment_config(run.config)
+    settings = _settings(run, segment_estimator, segment_config)
+    signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]] = {}
+    sampled = _trajectories(run, settings, chosen, pool, segment_config, signal_cache)
+    truth = _estimate_truth(run, sampled)
+    mark = time.perf_counter()
+    credit = _credit(run, sampled, rows_plan, segment_config, signal_cache)
+    scored = [p for p in sampled.truth_plan if int(p["row"]) in truth.done]
+    truths = {int(p["row"]): PrefixValues.from_dict(truth.done[int(p["row"])]) for p in scored}
+    data: dict[str, Any] = {"scores": _score(run.config, run.check, sampled.rows, scored, truths,
+                                             credit.outcome, credit.base, credit.advantages,
+                                             credit.segments, rows_plan)}
+    score_seconds = time.perf_counter() - mark
+    data["skipped"] = skipped
+    data["settings"] = _report_settings(run, settings)
+    data["counts"] = _counts(sampled, truth, credit, scored)
+    data["timing"] = {"sample_seconds": round(sampled.sample_seconds, 2),
+                      "truth_seconds_total": round(sum(float(r.get("seconds", 0.0))
+                                                       for r in truth.done.values()), 2),
+                      "truth_seconds_this_session": round(truth.session_seconds, 2),
+                      "truth_tokens_this_session": truth.session_tokens,
+                      "score_seconds": round(score_seconds, 2),
+                      "wall_seconds_this_session": round(time.perf_counter() - started, 2)}
+    data["machine"] = _machine(run.runtime.device)
+    data["trajectories"] = _trajectory_records(run.runtime.tokenizer, sampled.rows,
+                                               sampled.problems, scored, truths, credit.outcome,
+                                               credit.base, credit.base_onsets,
+                                               credit.advantages, run.config)
+    markdown, json_path, plot, table = write_outputs(run.out, data, run.check)
+    return CreditCheckResult(out=run.out, complete=truth.complete, data=data, table=table,
+                             markdown=markdown, json=json_path, plot=plot)
+
+
+def _check_prompts(run: _Check, chosen: list[int], pool: Sequence[Problem]) -> None:
+    """Refuse chosen problems whose prompts (student and teacher) leave no room in the
+    model's context for a response (:func:`~gear_rl.train.scoring.check_prompts_fit`)."""
+    config = run.config
+    check_prompts_fit(run.runtime.tokenizer, run.runtime.model, (pool[i] for i in chosen),
+                      _teacher_config(config.signals), source=run.task.name,
+                      new_tokens=(agent_limits(config, run.task).max_response_tokens
+                                  if run.multi_turn else config.rollout.max_new_tokens))
+
+
+def _settings(run: _Check, segment_estimator: Estimator, segment_config: Any
+              ) -> dict[str, Any]:
+    """What the check's trajectories and truth depend on: a folder's check continues only
+    under the same settings (recorded in ``trajectories.json``)."""
+    config, check, rollout = run.config, run.check, run.config.rollout
     settings = {
-        "model": config.model, "weights": _weights_fingerprint(runtime.model),
-        "checkpoint": None if checkpoint is None else str(checkpoint),
-        "checkpoint_step": checkpoint_step, "task": task.name, "task_spec": config.task,
+        "model": config.model, "weights": _weights_fingerprint(run.runtime.model),
+        "checkpoint": None if run.checkpoint is None else str(run.checkpoint),
+        "checkpoint_step": run.checkpoint_step, "task": run.task.name, "task_spec": config.task,
         "task_options": config.task_options, "train_size": config.train_size,
         "instruction": config.instruction, "split": check.split,
-        "sampler_dtype": str(next(runtime.sampler.parameters()).dtype),
+        "sampler_dtype": str(next(run.runtime.sampler.parameters()).dtype),
         "temperature": rollout.temperature, "top_p": rollout.top_p,
         "max_new_tokens": rollout.max_new_tokens, "samples_per_prompt":
             rollout.samples_per_prompt, "prompts_per_step": rollout.prompts_per_step,
@@ -625,14 +760,24 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         "continuations": check.continuations, "replicates": check.replicates,
         "boundaries": check.boundaries, "every": check.every, "seed": check.seed,
     }
-    if multi_turn:
-        settings["agent_limits"] = dataclasses.asdict(agent_limits(config, task))
+    if run.multi_turn:
+        settings["agent_limits"] = dataclasses.asdict(agent_limits(config, run.task))
     if check.boundaries == "segments":
         settings["segments"] = {"estimator": segment_estimator.name,
                                 "config": repr(segment_config),
                                 "signals": list(_signal_key(config.signals))}
+    return settings
+
+
+def _trajectories(run: _Check, settings: dict[str, Any], chosen: list[int],
+                  pool: Sequence[Problem], segment_config: Any,
+                  signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]]
+                  ) -> _Trajectories:
+    """The trajectories and the truth's plan: read back from ``trajectories.json`` (refused
+    under other settings, or when the task's problems changed), or sampled, planned and saved
+    there. Planning segment boundaries computes the run's signals, kept in ``signal_cache``."""
+    config, check, out = run.config, run.check, run.out
     state_path = out / CREDIT_CHECK_TRAJECTORIES
-    signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]] = {}
     if state_path.is_file():
         state = json.loads(state_path.read_text(encoding="utf-8"))
         mismatch = _settings_mismatch(state["settings"], settings)
@@ -644,12 +789,12 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
         sample_seconds = float(state.get("sample_seconds", 0.0))
     else:
         mark = time.perf_counter()
-        rows = _sample(runtime, config, check, task, chosen, pool)
+        rows = _sample(run.runtime, config, check, run.task, chosen, pool)
         sample_seconds = time.perf_counter() - mark
         truth_rows = _choose_truth(rows, check)
         onsets = None
         if check.boundaries == "segments":
-            base = _signals(runtime, rollout.temperature, config.signals, rows,
+            base = _signals(run.runtime, config.rollout.temperature, config.signals, rows,
                             [pool[r["problem_index"]] for r in rows])
             signal_cache[_signal_key(config.signals)] = base
             onsets = gear_segments(base["divergence"], base["entropy"], base["mask"],
@@ -670,21 +815,29 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
             raise ValueError(f"out: {out}: row {row['row']} was sampled for problem "
                              f"{row['problem_id']!r}, the task now has {problem.id!r} there "
                              "(the task changed); choose another out")
+    return _Trajectories(rows=rows, truth_plan=truth_plan, problems=problems,
+                         sample_seconds=sample_seconds)
 
-    # ---- the truth, one trajectory at a time, resumable
-    values_path = out / CREDIT_CHECK_VALUES
+
+def _estimate_truth(run: _Check, sampled: _Trajectories) -> _Truth:
+    """The truth, one planned trajectory at a time, each appended to ``values.jsonl`` as it
+    completes (a rerun skips the recorded ones), until the plan or ``budget`` ends."""
+    check, runtime, rollout = run.check, run.runtime, run.config.rollout
+    rows, problems = sampled.rows, sampled.problems
+    values_path = run.out / CREDIT_CHECK_VALUES
     done = _read_values(values_path)
     spent = sum(int(r["tokens"]) for r in done.values())
     progress = None
     if check.progress:
         from tqdm import tqdm
 
-        progress = tqdm(total=len(truth_plan), initial=sum(p["row"] in done for p in truth_plan),
+        progress = tqdm(total=len(sampled.truth_plan),
+                        initial=sum(p["row"] in done for p in sampled.truth_plan),
                         desc="credit-check", unit="traj", dynamic_ncols=True, file=sys.stderr)
     session_tokens, session_seconds = 0, 0.0
     complete = True
     try:
-        for plan in truth_plan:
+        for plan in sampled.truth_plan:
             index = int(plan["row"])
             if index in done:
                 continue
@@ -694,9 +847,9 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
             row = rows[index]
             mark = time.perf_counter()
             seeds = [sequence_seed(check.seed, 2, index, r) for r in range(check.replicates)]
-            if multi_turn:
+            if run.multi_turn:
                 values = estimate_episode_values(
-                    _episode_continuer(runtime, config, task, problems[index],
+                    _episode_continuer(runtime, run.config, run.task, problems[index],
                                        row["prompt_ids"]),
                     row["response_ids"], row["policy_mask"], row["turn_ids"], row["reward"],
                     plan["boundaries"], samples=check.continuations, seeds=seeds,
@@ -705,7 +858,7 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
                 values = estimate_prefix_values(
                     runtime.sampler, row["prompt_ids"], row["response_ids"], row["finished"],
                     plan["boundaries"], samples=check.continuations,
-                    reward_fn=task_reward_fn(task, problems[index], runtime.tokenizer),
+                    reward_fn=task_reward_fn(run.task, problems[index], runtime.tokenizer),
                     max_new_tokens=rollout.max_new_tokens, stop_ids=runtime.stop_ids,
                     pad_id=runtime.pad_id, temperature=rollout.temperature,
                     top_p=rollout.top_p, seeds=seeds, batch_size=check.batch_size,
@@ -724,9 +877,17 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
     finally:
         if progress is not None:
             progress.close()
+    return _Truth(done=done, spent=spent, complete=complete, session_tokens=session_tokens,
+                  session_seconds=session_seconds)
 
-    # ---- signals, credit and scores
-    mark = time.perf_counter()
+
+def _credit(run: _Check, sampled: _Trajectories, rows_plan: list[EstimatorRow],
+            segment_config: Any, signal_cache: dict[tuple[Any, ...], dict[str, torch.Tensor]]
+            ) -> _Credit:
+    """Every row's signals (once per distinct signal setting), advantages (batch by batch,
+    as a training step forms them, for the step after the checkpoint's) and segments."""
+    config, rows = run.config, sampled.rows
+    temperature = config.rollout.temperature
     rewards = torch.tensor([float(r["reward"]) for r in rows])
     groups = [int(r["group"]) for r in rows]
     batches: dict[int, list[int]] = {}
@@ -736,105 +897,112 @@ def _run(config: TrainConfig, check: CreditCheckConfig, out: Path, runtime: Any,
     for row_plan in rows_plan:
         key = _signal_key(row_plan.signals)
         if key not in signal_cache:
-            signal_cache[key] = _signals(runtime, rollout.temperature, row_plan.signals, rows,
-                                         problems)
+            signal_cache[key] = _signals(run.runtime, temperature, row_plan.signals, rows,
+                                         sampled.problems)
     base_key = _signal_key(config.signals)
     if base_key not in signal_cache:
-        signal_cache[base_key] = _signals(runtime, rollout.temperature, config.signals, rows,
-                                          problems)
+        signal_cache[base_key] = _signals(run.runtime, temperature, config.signals, rows,
+                                          sampled.problems)
     base = signal_cache[base_key]
     outcome = outcome_advantages(
         CreditBatch(rewards=rewards, group_ids=groups, mask=base["mask"]), OutcomeConfig())
-    credit_step = checkpoint_step + 1
-
-    # a Monte-Carlo row's own values (SPO-chain, VinePPO), batch by batch, independent of the
-    # truth's: often the longest part of the check after the truth, so each batch's values are
-    # appended to mc_rows.jsonl as they are drawn and a rerun of the same check reuses them
-    mc_path = out / CREDIT_CHECK_MC_ROWS
-    mc_done = {(r["label"], int(r["batch"]), r["config"]): r["extras"]
-               for r in _read_records(mc_path)}
-    mc_rows = [row for row in rows_plan if row.estimator.mc_boundaries is not None]
-    mc_keys = [(row.label, number, repr(row.config)) for row in mc_rows
-               for number in range(len(batch_rows))]
-    mc_progress = None
-    if check.progress and any(key not in mc_done for key in mc_keys):
-        from tqdm import tqdm
-
-        mc_progress = tqdm(total=len(mc_keys), initial=sum(k in mc_done for k in mc_keys),
-                           desc="credit-check: estimators' own values", unit="batch",
-                           dynamic_ncols=True, file=sys.stderr)
-
-    def mc(row: EstimatorRow, number: int, members: list[int], batch: CreditBatch
-           ) -> dict[str, Any]:
-        key = (row.label, number, repr(row.config))
-        if key not in mc_done:
-            extras = monte_carlo_extras(
-                row.estimator, row.config, batch, sampler=runtime.sampler,
-                tokenizer=runtime.tokenizer, task=task, problems=[problems[i] for i in members],
-                prompt_ids=[rows[i]["prompt_ids"] for i in members],
-                response_ids=[rows[i]["response_ids"] for i in members],
-                finished=[rows[i]["finished"] for i in members], rollout=rollout,
-                stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
-                seed=sequence_seed(check.seed, 5, number)).extras
-            append_jsonl(mc_path, {"label": key[0], "batch": number, "config": key[2],
-                                   "extras": extras})
-            mc_done[key] = extras
-            if mc_progress is not None:
-                mc_progress.set_postfix(row=row.label)
-                mc_progress.update(1)
-        return mc_done[key]
-
+    mc = _MonteCarloRows(run, sampled, rows_plan, len(batch_rows))
     try:
         advantages = {row.label: _advantages(row, signal_cache[_signal_key(row.signals)],
-                                             rewards, groups, batch_rows, credit_step, rows, mc)
+                                             rewards, groups, batch_rows,
+                                             run.checkpoint_step + 1, rows, mc)
                       for row in rows_plan}
     finally:
-        if mc_progress is not None:
-            mc_progress.close()
+        mc.close()
     segments = {row.label: gear_segments(signal_cache[_signal_key(row.signals)]["divergence"],
                                          signal_cache[_signal_key(row.signals)]["entropy"],
                                          base["mask"], row.config)
                 for row in rows_plan if row.estimator.segments}
     base_onsets = gear_segments(base["divergence"], base["entropy"], base["mask"],
                                 segment_config)
-    scored = [p for p in truth_plan if int(p["row"]) in done]
-    truths = {int(p["row"]): PrefixValues.from_dict(done[int(p["row"])]) for p in scored}
-    data: dict[str, Any] = {"scores": _score(config, check, rows, scored, truths, outcome,
-                                             base, advantages, segments, rows_plan)}
-    score_seconds = time.perf_counter() - mark
-    data["skipped"] = skipped
-    data["settings"] = {**settings, "export": read_export_info(config.model),
-                        "bootstrap": check.bootstrap, "confidence": check.confidence,
-                        "precision_k": list(check.precision_k), "budget": check.budget,
-                        "reference": check.reference,
-                        "shared_prefix": check.shared_prefix,
-                        "signals": {"divergence": config.signals.divergence,
-                                    "topk": config.signals.topk,
-                                    "placement": config.signals.placement,
-                                    "answer_template": config.signals.answer_template},
-                        "estimator": config.estimator, "credit": config.credit}
-    data["counts"] = {
+    return _Credit(rewards=rewards, groups=groups, base=base, outcome=outcome,
+                   advantages=advantages, segments=segments, base_onsets=base_onsets)
+
+
+class _MonteCarloRows:
+    """The :data:`MonteCarloFn` of a check: a Monte-Carlo row's own values (SPO-chain,
+    VinePPO), batch by batch, independent of the truth's. Often the longest part of the check
+    after the truth, so each batch's values are appended to ``mc_rows.jsonl`` as they are
+    drawn and a rerun of the same check reuses them. :meth:`close` ends the progress bar."""
+
+    def __init__(self, run: _Check, sampled: _Trajectories, rows_plan: list[EstimatorRow],
+                 batches: int) -> None:
+        self.run, self.sampled = run, sampled
+        self.path = run.out / CREDIT_CHECK_MC_ROWS
+        self.done = {(r["label"], int(r["batch"]), r["config"]): r["extras"]
+                     for r in _read_records(self.path)}
+        mc_rows = [row for row in rows_plan if row.estimator.mc_boundaries is not None]
+        keys = [(row.label, number, repr(row.config)) for row in mc_rows
+                for number in range(batches)]
+        self.progress = None
+        if run.check.progress and any(key not in self.done for key in keys):
+            from tqdm import tqdm
+
+            self.progress = tqdm(total=len(keys), initial=sum(k in self.done for k in keys),
+                                 desc="credit-check: estimators' own values", unit="batch",
+                                 dynamic_ncols=True, file=sys.stderr)
+
+    def __call__(self, row: EstimatorRow, number: int, members: list[int],
+                 batch: CreditBatch) -> dict[str, Any]:
+        key = (row.label, number, repr(row.config))
+        if key not in self.done:
+            runtime, rows = self.run.runtime, self.sampled.rows
+            extras = monte_carlo_extras(
+                row.estimator, row.config, batch, sampler=runtime.sampler,
+                tokenizer=runtime.tokenizer, task=self.run.task,
+                problems=[self.sampled.problems[i] for i in members],
+                prompt_ids=[rows[i]["prompt_ids"] for i in members],
+                response_ids=[rows[i]["response_ids"] for i in members],
+                finished=[rows[i]["finished"] for i in members], rollout=self.run.config.rollout,
+                stop_ids=runtime.stop_ids, pad_id=runtime.pad_id,
+                seed=sequence_seed(self.run.check.seed, 5, number)).extras
+            append_jsonl(self.path, {"label": key[0], "batch": number, "config": key[2],
+                                     "extras": extras})
+            self.done[key] = extras
+            if self.progress is not None:
+                self.progress.set_postfix(row=row.label)
+                self.progress.update(1)
+        return self.done[key]
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def _report_settings(run: _Check, settings: dict[str, Any]) -> dict[str, Any]:
+    """``credit_check.json``'s ``settings``: the trajectories' settings, the export the model
+    came from, and the scoring's own settings."""
+    config, check = run.config, run.check
+    return {**settings, "export": read_export_info(config.model),
+            "bootstrap": check.bootstrap, "confidence": check.confidence,
+            "precision_k": list(check.precision_k), "budget": check.budget,
+            "reference": check.reference,
+            "shared_prefix": check.shared_prefix,
+            "signals": {"divergence": config.signals.divergence,
+                        "topk": config.signals.topk,
+                        "placement": config.signals.placement,
+                        "answer_template": config.signals.answer_template},
+            "estimator": config.estimator, "credit": config.credit}
+
+
+def _counts(sampled: _Trajectories, truth: _Truth, credit: _Credit,
+            scored: list[dict[str, Any]]) -> dict[str, Any]:
+    """``credit_check.json``'s ``counts``: trajectories, groups (mixed: rewards differ), the
+    truth planned and done, continuation tokens."""
+    rows, groups = sampled.rows, credit.groups
+    return {
         "rows": len(rows), "groups": len(set(groups)),
         "groups_mixed": sum(1 for g in set(groups)
                             if len({rows[i]["reward"] for i in range(len(rows))
                                     if groups[i] == g}) > 1),
-        "truth_planned": len(truth_plan), "truth_done": len(scored),
+        "truth_planned": len(sampled.truth_plan), "truth_done": len(scored),
         "truth_groups": len({groups[int(p["row"])] for p in scored}),
-        "continuation_tokens": spent, "complete": complete}
-    data["timing"] = {"sample_seconds": round(sample_seconds, 2),
-                      "truth_seconds_total": round(sum(float(r.get("seconds", 0.0))
-                                                       for r in done.values()), 2),
-                      "truth_seconds_this_session": round(session_seconds, 2),
-                      "truth_tokens_this_session": session_tokens,
-                      "score_seconds": round(score_seconds, 2),
-                      "wall_seconds_this_session": round(time.perf_counter() - started, 2)}
-    data["machine"] = _machine(runtime.device)
-    data["trajectories"] = _trajectory_records(runtime.tokenizer, rows, problems, scored,
-                                               truths, outcome, base, base_onsets, advantages,
-                                               config)
-    markdown, json_path, plot, table = write_outputs(out, data, check)
-    return CreditCheckResult(out=out, complete=complete, data=data, table=table,
-                             markdown=markdown, json=json_path, plot=plot)
+        "continuation_tokens": truth.spent, "complete": truth.complete}
 
 
 def _units(row: dict[str, Any], values: PrefixValues, outcome: float, mask: np.ndarray,

@@ -13,17 +13,11 @@ from gear_rl.train.config import (
     load_config,
     valid_keys,
 )
-from gear_rl.train.evaluate import evaluate
+from gear_rl.train.evaluate import evaluate, evaluate_model
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
+from gear_rl.train.resume import resume_config
 from gear_rl.train.runtime import Runtime, build_runtime
-from gear_rl.train.trainer import (
-    StepOutput,
-    Trainer,
-    evaluate_model,
-    format_summary,
-    resume_config,
-    train,
-)
+from gear_rl.train.trainer import StepOutput, Trainer, format_summary, train
 
 __all__ = [
     "EvalConfig",

@@ -461,7 +461,7 @@ class TrainConfig:
         threads: torch CPU threads (None: torch's default).
         heap_reuse: let glibc's heap keep freed memory for reuse, within a phase and across
             phases, instead of unmapping large blocks and page-faulting them in again
-            (:func:`gear_rl.train.runtime.keep_heap_pages`; process-wide, Linux/glibc only);
+            (:func:`gear_rl.train.memory.keep_heap_pages`; process-wide, Linux/glibc only);
             the resident set then stays near the step's peak between phases instead of
             falling back, and the heap is trimmed only where it outgrows 1.1 times the peak
             after the second step. ``None`` (default): on
@@ -469,7 +469,7 @@ class TrainConfig:
             off for agent and environment tasks, whose update is the run's memory peak (on
             tool-math it added about 0.27 GB to that peak for 3% of the update's time). Off,
             the update trims the heap every 5 decoder layers and frees a bf16 sampler copy's
-            weights while it runs (:func:`gear_rl.train.runtime.heap_trims`).
+            weights while it runs (:func:`gear_rl.train.memory.heap_trims`).
     """
 
     model: str = "smollm2-135m"
@@ -643,7 +643,7 @@ def recorded_config(data: Mapping[str, Any]) -> TrainConfig:
 
 def recorded_config_dict(data: Mapping[str, Any]) -> dict[str, Any]:
     """A config a run recorded, in the form two configs are compared in (the study's cell
-    match, :func:`gear_rl.train.runtime.config_differences`): :func:`recorded_config` written
+    match, :func:`gear_rl.train.resume.config_differences`): :func:`recorded_config` written
     back by :func:`config_to_dict` (an option added since the run counts as its default), or,
     where it no longer builds (a key this version does not know, a value it refuses), the
     recorded dict with only the changed credit defaults filled in, so that the comparison shows

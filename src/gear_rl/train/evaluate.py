@@ -13,15 +13,18 @@ training. (One draw per live row and step instead, what training does, would shi
 rows' draws by how many rows a model has already finished.) Multi-turn tasks (agents,
 environments) sample from one stream seeded by ``seed``: they are paired by problem only.
 
-**Records.** :func:`write_eval_records` stores one evaluation's per-problem records in the run
-directory (``eval_records/step-NNNNNN.json``, one file per evaluated step, written atomically,
-so a resumed run rewrites the same files and leaves nothing behind); :func:`read_eval_records`
-reads them back.
+**Running it.** :func:`run_evaluation` evaluates a built run's sampler with ``config.eval``'s
+settings (training and ``gear-rl eval`` alike); :func:`evaluate_model` builds the run first
+(a model, or a checkpoint's weights).
+
+**Records.** :func:`gear_rl.rundir.write_eval_records` stores one evaluation's per-problem
+records in the run directory (``eval_records/step-NNNNNN.json``, one file per evaluated step,
+written atomically, so a resumed run rewrites the same files and leaves nothing behind);
+:func:`gear_rl.rundir.read_eval_records` reads them back, whichever engine wrote them.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,20 +33,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gear_rl.agent.loop import AgentLimits
-from gear_rl.rundir import atomic_write_text
 from gear_rl.sampling import SamplingParams
 from gear_rl.signals import prompt_ids as build_prompt_ids
 from gear_rl.tasks import Problem, Task
-from gear_rl.train.episodes import collect, decode_response
+from gear_rl.train.config import TrainConfig
+from gear_rl.train.episodes import collect, decode_response, task_turns
+from gear_rl.train.runtime import Runtime, agent_limits, build_runtime, sampling_params
 
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["EVAL_RECORDS", "decode_response", "evaluate", "read_eval_records",
-           "write_eval_records"]
-
-EVAL_RECORDS = "eval_records"
-"""The folder of a run directory holding the per-problem records of each evaluation."""
+__all__ = ["decode_response", "evaluate", "evaluate_model", "run_evaluation"]
 
 
 def evaluate(
@@ -118,37 +118,35 @@ def evaluate(
     }
 
 
-def _records_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_RECORDS / f"step-{step:06d}.json"
+def run_evaluation(config: TrainConfig, runtime: Runtime) -> dict[str, Any]:
+    """Held-out Mean@k / pass@k of ``runtime``'s sampler with ``config.eval``'s settings
+    (training and ``gear-rl eval`` alike)."""
+    settings = config.eval
+    sampling = sampling_params(settings, runtime)
+    if task_turns(runtime.task) is not None:
+        # a multi-turn episode's KV cache spans its whole context (prompt, turns and
+        # observations): decode no more rows at once than a training rollout does (on
+        # tool-math, 128 rows of it held 1.35 GB); these tasks are paired by problem only
+        rollout_rows = config.rollout.prompts_per_step * config.rollout.samples_per_prompt
+        batch_size = sampling.batch_size
+        sampling = replace(sampling, batch_size=rollout_rows if batch_size is None
+                           else min(batch_size, rollout_rows))
+    return evaluate(runtime.sampler, runtime.tokenizer, runtime.task, sampling=sampling,
+                    k=settings.k, seed=settings.seed,
+                    limits=agent_limits(config, runtime.task, evaluation=True),
+                    sandbox=runtime.sandbox, reuse_cache=config.agent.reuse_kv_cache)
 
 
-def write_eval_records(run_dir: str | Path, step: int, result: dict[str, Any], *, k: int,
-                       seed: int) -> Path:
-    """Store the per-problem ``records`` of one :func:`evaluate` ``result`` at training
-    ``step`` as ``RUN_DIR/eval_records/step-NNNNNN.json`` (atomically; an existing file of the
-    same step, left by an interrupted run that is resumed, is replaced). Returns its path."""
-    path = _records_path(run_dir, step)
-    atomic_write_text(path, json.dumps({"step": step, "k": k, "seed": seed,
-                                        "records": result["records"]}) + "\n")
-    return path
-
-
-def read_eval_records(run_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """Every evaluation's records of a run directory: step -> ``{"step", "k", "seed",
-    "records"}`` ({} when the run stored none). A malformed file raises ``ValueError`` naming
-    it."""
-    folder = Path(run_dir) / EVAL_RECORDS
-    out: dict[int, dict[str, Any]] = {}
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("step-*.json")):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            step, records = int(data["step"]), data["records"]
-            if not isinstance(records, list) or not all(
-                    isinstance(r, dict) and isinstance(r.get("rewards"), list) for r in records):
-                raise TypeError("records must be a list of objects with rewards")
-        except (ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{path}: not an eval records file ({error})") from error
-        out[step] = data
-    return out
+def evaluate_model(config: TrainConfig, checkpoint: str | Path | None = None) -> dict[str, Any]:
+    """Held-out Mean@k / pass@k of ``config.model`` (or of a checkpoint: a run directory, whose
+    newest intact checkpoint is used, or a ``checkpoints/step-N`` folder) on ``config.task``
+    with the ``config.eval`` settings. Returns :func:`evaluate`'s dict,
+    with ``checkpoint_folder`` and ``checkpoint_step``: the checkpoint scored (None for
+    ``config.model``'s own weights)."""
+    runtime = build_runtime(config, checkpoint=checkpoint, training=False)
+    try:
+        result = run_evaluation(config, runtime)
+    finally:
+        runtime.close()
+    return {**result, "checkpoint_folder": None if runtime.checkpoint is None
+            else str(runtime.checkpoint), "checkpoint_step": runtime.checkpoint_step}

@@ -78,15 +78,20 @@ def sample_records(batch: StepBatch, scores: Scores, advantages: torch.Tensor, s
 
 def is_measurement(key: str) -> bool:
     """True for a metrics key that measures the machine (``time/...``, ``memory/...``,
-    ``..._per_s``): it differs between two runs that compute the same thing, so a resume or
-    determinism check compares every other key."""
-    return key.startswith(("time/", "memory/")) or key.endswith("_per_s")
+    ``perf/...``, ``..._per_s``): it differs between two runs that compute the same thing, so
+    a resume or determinism check compares every other key."""
+    return key.startswith(("time/", "memory/", "perf/")) or key.endswith("_per_s")
 
 
 def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator: str,
               model: str, task: str, seconds: float,
-              trackers: Sequence[str] = ()) -> dict[str, Any]:
-    """Start/end held-out accuracy, reward trend and timings from the run's metric records."""
+              trackers: Sequence[str] = (),
+              matmul_peak: tuple[float, str] | None = None) -> dict[str, Any]:
+    """Start/end held-out accuracy, reward trend and timings from the run's metric records.
+
+    ``matmul_peak``: this machine's measured matmul FLOP/s and its precision
+    (:func:`gear_rl.train.mfu.matmul_peak`), which the steps' ``perf/update_mfu`` divide by;
+    the summary gives their mean (``update_mfu``) beside it."""
     key = f"eval/mean@{k}"
     evals = [(r["step"], r[key], r[f"eval/pass@{k}"]) for r in history if key in r]
     steps = [r for r in history if "reward_mean" in r]
@@ -106,6 +111,11 @@ def summarize(history: list[dict[str, Any]], *, k: int, run_dir: str, estimator:
     peaks = [r["memory/peak_rss_gb"] for r in steps if "memory/peak_rss_gb" in r]
     if peaks:  # over the whole run (records of earlier sessions included)
         out["peak_rss_gb"] = max(peaks)
+    mfu = mean(steps, "perf/update_mfu")
+    if mfu is not None and matmul_peak is not None:
+        out["update_mfu"] = mfu
+        out["matmul_peak_tflops"] = matmul_peak[0] / 1e12
+        out["matmul_peak_dtype"] = matmul_peak[1]
     if evals:
         out[f"eval_start_mean@{k}"] = evals[0][1]
         out[f"eval_end_mean@{k}"] = evals[-1][1]
@@ -130,6 +140,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"held-out   {metric:<8} {start:.3f}  ->  {end:.3f}  ({end - start:+.3f})")
     if summary.get("peak_rss_gb") is not None:
         lines.append(f"memory     peak resident {summary['peak_rss_gb']:.2f} GB")
+    if summary.get("update_mfu") is not None:
+        lines.append(f"update MFU {100 * summary['update_mfu']:.1f}% of this machine's "
+                     f"{summary['matmul_peak_tflops']:.2f} TFLOP/s {summary['matmul_peak_dtype']}"
+                     " matmul (measured; gear_rl.train.mfu)")
     trackers = summary.get("trackers", [])
     # the trackers with a folder in the run directory (trackio keeps its own store, and
     # trackio.init prints the command that opens its dashboard)

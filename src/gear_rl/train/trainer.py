@@ -37,7 +37,8 @@ Observation tokens stay in the context and get mask 0 in the signals, the credit
 Everything random is derived from ``(seed, stream, step)`` (:func:`gear_rl.seeding.derive_seed`),
 and checkpoints carry the global RNG states, so ``resume=RUN_DIR`` logs exactly the metrics an
 uninterrupted run logs. The run directory's layout is :mod:`gear_rl.rundir`; what is logged,
-:mod:`gear_rl.train.records`; the model, task and sandbox, :mod:`gear_rl.train.runtime`.
+:mod:`gear_rl.train.records`; the model, task and sandbox, :mod:`gear_rl.train.runtime`; opening
+the run's folder and resuming, :mod:`gear_rl.train.resume`.
 """
 
 from __future__ import annotations
@@ -61,19 +62,12 @@ from gear_rl.tasks import Problem, Task
 from gear_rl.train.checkpoint import save_checkpoint
 from gear_rl.train.config import TrainConfig, config_to_dict
 from gear_rl.train.episodes import collect, monte_carlo_extras, step_extras, task_turns
-from gear_rl.train.memory import MemoryPolicy
+from gear_rl.train.evaluate import run_evaluation
+from gear_rl.train.memory import MemoryPolicy, memory_metrics, reset_device_peak
+from gear_rl.train.mfu import ModelShape, matmul_peak
 from gear_rl.train.records import batch_metrics, format_summary, sample_records, summarize
-from gear_rl.train.runtime import (
-    build_runtime,
-    evaluate_model,
-    memory_metrics,
-    open_run,
-    reset_device_peak,
-    resume_config,
-    rollout_settings,
-    run_evaluation,
-    run_path,
-)
+from gear_rl.train.resume import open_run, run_path
+from gear_rl.train.runtime import build_runtime, rollout_settings
 from gear_rl.train.scoring import (
     Fusion,
     Scorer,
@@ -103,8 +97,7 @@ from gear_rl.train.update import (
 if TYPE_CHECKING:
     from gear_rl.agent.tools import PythonSandbox
 
-__all__ = ["NonFiniteTrainingError", "StepOutput", "Trainer", "evaluate_model", "format_summary",
-           "resume_config", "train"]
+__all__ = ["NonFiniteTrainingError", "StepOutput", "Trainer", "format_summary", "train"]
 
 
 @dataclass
@@ -180,7 +173,12 @@ class Trainer:
             self.model, self.optimizer, config, self.estimator, self.credit_config, signals,
             reference_kl=self.reference is not None,
             opsd_weight=config.loss.opsd_weight(self.estimator.self_distillation),
-            autocast=runtime.autocast_context, last_checkpoint=self.run.latest_checkpoint)
+            autocast=runtime.autocast_context, last_checkpoint=self.run.latest_checkpoint,
+            shape=self._model_shape())
+        # the update's MFU is against this machine's matmul peak at the run's precision
+        self.peak_dtype = torch.bfloat16 if runtime.autocast else torch.float32
+        self.matmul_peak = (None if self.engine.shape is None else
+                            matmul_peak(runtime.device, self.peak_dtype, self.engine.shape))
         self.memory = MemoryPolicy(runtime)
         self.run_dir = self.run.path
         self.history: list[dict[str, Any]] = self.run.read_metrics()
@@ -275,7 +273,19 @@ class Trainer:
         record = {"step": step, **metrics, **update.metrics, **timings,
                   "rollout_tok_per_s": tokens / max(timings["time/rollout"], 1e-9),
                   **memory_metrics(self.runtime.device)}
+        if update.flops is not None and self.matmul_peak is not None:
+            # model FLOPs per second of the update's wall time, over the measured peak
+            record["perf/update_mfu"] = (update.flops / max(timings["time/update"], 1e-9)
+                                         / self.matmul_peak)
         return record, StepOutput(batch, scores, update.advantages)
+
+    def _model_shape(self) -> ModelShape | None:
+        """The policy's shape for the update's FLOPs; None for a model without a Hugging Face
+        decoder config (its MFU is then not logged)."""
+        try:
+            return ModelShape.of(self.model)
+        except (AttributeError, TypeError):
+            return None
 
     @contextlib.contextmanager
     def _phase(self, name: str, timings: dict[str, float]) -> Iterator[None]:
@@ -392,7 +402,7 @@ class Trainer:
         self.memory.after_phase("eval")
         k = self.config.eval.k
         if self.config.eval.records:
-            from gear_rl.train.evaluate import write_eval_records
+            from gear_rl.rundir import write_eval_records
 
             write_eval_records(self.run.path, step, result, k=k, seed=self.config.eval.seed)
         return {"step": step, f"eval/mean@{k}": result[f"mean@{k}"],
@@ -457,7 +467,10 @@ class Trainer:
         summary = summarize(self.history, k=k, run_dir=str(self.run.path),
                             estimator=config.estimator, model=config.model, task=self.task.name,
                             seconds=time.perf_counter() - started,
-                            trackers=[tracker.name for tracker in self.trackers])
+                            trackers=[tracker.name for tracker in self.trackers],
+                            matmul_peak=(None if self.matmul_peak is None else
+                                         (self.matmul_peak, str(self.peak_dtype)
+                                          .removeprefix("torch."))))
         self.run.write_summary(summary)
         return summary
 

@@ -31,6 +31,7 @@ from gear_rl.seeding import derive_seed
 from gear_rl.signals import backbone_tokens
 from gear_rl.train.config import TrainConfig
 from gear_rl.train.loss import aggregate, kl_penalty, ppo_policy_loss
+from gear_rl.train.mfu import ModelShape, pass_flops
 from gear_rl.train.scoring import Fusion, Scores, SignalPass, StepBatch
 
 __all__ = ["Credit", "NonFiniteTrainingError", "UpdateEngine", "UpdateResult", "adamw",
@@ -78,10 +79,12 @@ class Credit:
 class UpdateResult:
     """What the update did: its metrics (``loss``, ``pg_loss``, ``kl_loss``, ``opsd_loss``,
     ``grad_norm``: means over its AdamW steps; ``clip_frac``, ``approx_kl``: over its policy
-    tokens; ``ratio_max``, ``lr``) and the ``[B, T]`` advantages it trained on."""
+    tokens; ``ratio_max``, ``lr``), the ``[B, T]`` advantages it trained on, and its model
+    FLOPs (:mod:`gear_rl.train.mfu`; None where the engine has no model shape)."""
 
     metrics: dict[str, float]
     advantages: torch.Tensor
+    flops: float | None = None
 
 
 class UpdateEngine:
@@ -98,17 +101,20 @@ class UpdateEngine:
         opsd_weight: the self-distillation term's weight (``LossConfig.opsd_weight``).
         autocast: the run's autocast context. last_checkpoint: the newest checkpoint on disk
             (named in the non-finite error), or None.
+        shape: the policy's :class:`~gear_rl.train.mfu.ModelShape`, for the update's model
+            FLOPs (:attr:`UpdateResult.flops`); None: not counted.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  config: TrainConfig, estimator: Estimator, credit_config: Any,
                  signals: SignalPass, *, reference_kl: bool, opsd_weight: float,
                  autocast: Callable[[], contextlib.AbstractContextManager],
-                 last_checkpoint: Callable[[], Any]) -> None:
+                 last_checkpoint: Callable[[], Any], shape: ModelShape | None = None) -> None:
         self.model, self.optimizer, self.config = model, optimizer, config
         self.estimator, self.credit_config, self.signals = estimator, credit_config, signals
         self.reference_kl, self.opsd_weight = reference_kl, opsd_weight
         self.autocast, self.last_checkpoint = autocast, last_checkpoint
+        self.shape = shape
 
     # ------------------------------------------------------------------ decisions
     def lr(self, step: int) -> float:
@@ -195,6 +201,7 @@ class UpdateEngine:
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "opsd_loss": 0.0,
                   "clipped": 0.0, "approx_kl": 0.0, "tokens": 0.0, "grad_norm": 0.0}
         ratio_max, updates = 1.0, 0
+        self._flops = 0.0
         shuffle = torch.Generator().manual_seed(derive_seed(self.config.seed, 2, step))
         try:
             for _ in range(config.epochs):
@@ -217,7 +224,8 @@ class UpdateEngine:
         out["ratio_max"] = ratio_max
         out["lr"] = self.lr(step)
         # the credit phase or the inline credit above set the advantages
-        return UpdateResult(out, cast(torch.Tensor, credit.advantages))
+        return UpdateResult(out, cast(torch.Tensor, credit.advantages),
+                            None if self.shape is None else self._flops)
 
     def _minibatch(self, batch: StepBatch, scores: Scores, credit: Credit, step: int,
                    minibatch: list[int], totals: dict[str, float],
@@ -234,9 +242,12 @@ class UpdateEngine:
         num_selected = None if None in counts else float(sum(cast(list[float], counts)))
         self.optimizer.zero_grad(set_to_none=True)
         for micro in micros:
+            teacher = scores.fusion is Fusion.INLINE
             with forward_context():
-                forward = self.forward(batch, micro, teacher=scores.fusion is Fusion.INLINE,
+                forward = self.forward(batch, micro, teacher=teacher,
                                        teacher_rows=scores.teacher_rows)
+            self._flops += self.forward_flops(batch, micro, teacher=teacher,
+                                              teacher_rows=scores.teacher_rows)
             if scores.fusion is not None:
                 scores.fill(micro, forward)
             if credit.compute is not None:
@@ -280,6 +291,25 @@ class UpdateEngine:
             own = self.signals(prompts, None, responses, batch.masks(rows),
                                requires_grad=True)
         return {"logprobs": own["logprobs"], "entropy": own["entropy"]}
+
+    def forward_flops(self, batch: StepBatch, rows: list[int], *, teacher: bool = False,
+                      teacher_rows: torch.Tensor | None = None) -> float:
+        """Model FLOPs of :meth:`forward` on ``rows`` and its backward
+        (:func:`~gear_rl.train.mfu.pass_flops`): the student's pass with gradients, plus the
+        teacher's no-grad pass over the taught rows where the forward runs it; 0 without a
+        model shape."""
+        if self.shape is None:
+            return 0.0
+        prompts = [batch.prompt_ids[i] for i in rows]
+        responses = [batch.response_ids[i] for i in rows]
+        share = self.signals.share_prompts and len({tuple(p) for p in prompts}) < len(prompts)
+        flops = pass_flops(self.shape, prompts, responses, gradients=True, share_prompts=share)
+        if self.signals.distill or teacher:
+            taught = [i for i in rows if teacher_rows is None or bool(teacher_rows[i])]
+            flops += pass_flops(self.shape, [batch.teacher_ids[i] for i in taught],
+                                [batch.response_ids[i] for i in taught], gradients=False,
+                                share_prompts=share)
+        return flops
 
     def _micro_loss(self, scores: Scores, advantages: torch.Tensor, rows: list[int],
                     forward: dict[str, torch.Tensor], num_seqs: int, num_tokens: float,
