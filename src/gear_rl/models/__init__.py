@@ -6,11 +6,17 @@
 
 from gear_rl.models.loading import KNOWN_NAMES, load_policy
 from gear_rl.models.smollm2 import cache_root, ensure_smollm2, smollm2_gguf_path
-from gear_rl.models.tiny import CHATML_TEMPLATE, build_tiny_tokenizer, tiny_random_model
+from gear_rl.models.tiny import (
+    CHATML_TEMPLATE,
+    SMOLLM2_135M_SHAPE,
+    build_tiny_tokenizer,
+    tiny_random_model,
+)
 
 __all__ = [
     "CHATML_TEMPLATE",
     "KNOWN_NAMES",
+    "SMOLLM2_135M_SHAPE",
     "build_tiny_tokenizer",
     "cache_root",
     "ensure_smollm2",

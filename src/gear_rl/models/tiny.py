@@ -35,6 +35,14 @@ CHATML_TEMPLATE = (
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
+SMOLLM2_135M_SHAPE: dict[str, Any] = dict(
+    vocab_size=49_152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+    intermediate_size=1536, max_position_embeddings=8192, tie_word_embeddings=True,
+)
+"""SmolLM2-135M's architecture as :func:`tiny_random_model` arguments (its config.json: a
+Llama of 30 layers, 134.5M parameters with the tied embedding): a model of its shape with random
+weights, built in place where its weights cannot travel (the GPU device check)."""
+
 
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer with 259 tokens: the 256 byte symbols, then ``<|endoftext|>`` (pad),
