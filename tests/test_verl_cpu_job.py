@@ -307,15 +307,6 @@ def _check_run_log(folder: Path, dump_dir: Path, out: Path, steps: int = 2) -> N
 
 
 @pytest.mark.slow
-def test_grpo_job_one_rank(workdir) -> None:
-    rc, log, run = _job(workdir, "grpo", ["algorithm.adv_estimator=grpo",
-                                        "trainer.v1.trainer_mode=sync"])
-    metrics = _check_run(rc, log)
-    assert not any(key.startswith("gear/") for key in metrics[1])
-    assert not (run / "checkpoints" / "samples.jsonl").exists()  # verl's own loop: no run log
-
-
-@pytest.mark.slow
 def test_gear_job_two_ranks_uses_the_registry_advantages(workdir, tmp_path) -> None:
     rc, log, run = _job(workdir, "gear", [
         "algorithm.adv_estimator=gear", "trainer.v1.trainer_mode=gear",

@@ -33,7 +33,7 @@ common=(
   "reward.custom_reward_function.name=${REWARD_NAME:-compute_score}"
 )
 case "$setting" in
-  math)
+  math|products)  # products: gear-rl train's default task as it is (single-turn)
     extra=()
     ;;
   tir)
@@ -73,7 +73,7 @@ case "$setting" in
     )
     ;;
   *)
-    echo "SETTING must be math, tir, toolrl, sokoban, keydoor or textarena:GAME, got $setting" >&2
+    echo "SETTING must be math, products, tir, toolrl, sokoban, keydoor or textarena:GAME, got $setting" >&2
     exit 2
     ;;
 esac
