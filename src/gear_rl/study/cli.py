@@ -1,5 +1,5 @@
-"""``gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B] [seeds=0,1]
-[tasks=A,B] [train=false] [progress=false] [amend=WHY]``."""
+"""``gear-rl study SPEC.yaml [out=DIR] [budget=NAME] [jobs=N] [threads=N] [methods=A,B]
+[seeds=0,1] [tasks=A,B] [train=false] [progress=false] [amend=WHY]``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import difflib
 import sys
 from pathlib import Path
 
-USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [jobs=N] [threads=N] [methods=A,B]
-                     [seeds=0,1] [tasks=A,B] [train=false] [progress=false]
-                     [amend=WHY]
+USAGE = """usage: gear-rl study SPEC.yaml [out=DIR] [budget=NAME] [jobs=N] [threads=N]
+                     [methods=A,B] [seeds=0,1] [tasks=A,B] [train=false]
+                     [progress=false] [amend=WHY]
 
 Train every cell (task x method x seed) of a study file with identical settings, then write
 study.md, study.json and plots/ into out= (default runs/study/<name>). Rerun the same command
@@ -17,10 +17,15 @@ to continue an interrupted study: finished cells are never rerun, interrupted on
 their checkpoint. The study files of the project are under studies/; docs/study.md describes
 the file and every number.
 
-  out=DIR       the study folder (cells/, logs, results)
+  out=DIR       the study folder (cells/, logs, results; default runs/study/<name>, or
+                runs/study/<name>-<budget> with budget=)
+  budget=NAME   lay the study file's budgets.NAME over its budget (verl: in a verl study),
+                e.g. a GPU study scaled to a CPU
   jobs=N        cells trained at once, each in its own process (default: one per core,
                 bounded by memory; measured faster than fewer cells with more threads,
-                benchmarks/study_parallel.py)
+                benchmarks/study_parallel.py). A verl study (engine: verl): one cell at a time
+                on a CPU; with GPUs, N cells of trainer.n_gpus_per_node GPUs each (default:
+                as many as the visible GPUs hold), each with its own CUDA_VISIBLE_DEVICES
   threads=N     torch threads per cell (default: cores / jobs)
   methods=A,B   train only these methods' cells (e.g. the baseline and the method under
                 test first); the others wait for a later run. The report covers every
@@ -37,7 +42,8 @@ the file and every number.
                 trained under cannot be amended (retrain it, or choose another out=).
 """
 
-_KEYS = ("out", "jobs", "threads", "methods", "seeds", "tasks", "train", "progress", "amend")
+_KEYS = ("out", "budget", "jobs", "threads", "methods", "seeds", "tasks", "train", "progress",
+         "amend")
 
 
 def _bool(key: str, value: str) -> bool:
@@ -94,8 +100,9 @@ def main(argv: list[str]) -> int:
                 hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(_KEYS)}"
                 raise ValueError(f"unknown argument {key!r}; {hint}")
             options[key] = value
-        spec = load_spec(path)
-        out = check_output_folder(options.get("out") or Path("runs") / "study" / spec.name,
+        spec = load_spec(path, budget=options.get("budget"))
+        default = spec.name + (f"-{spec.budget_name}" if spec.budget_name else "")
+        out = check_output_folder(options.get("out") or Path("runs") / "study" / default,
                                   "out")  # a file there: one line, not a traceback
         jobs = _positive("jobs", options["jobs"]) if "jobs" in options else None
         threads = _positive("threads", options["threads"]) if "threads" in options else None

@@ -15,7 +15,8 @@ from pathlib import Path
 from gear_rl.report.compare import Comparison, compare_runs
 from gear_rl.study.runner import run_state
 from gear_rl.train.config import config_to_dict, load_config
-from gear_rl.train.trainer import Trainer, resume_config
+from gear_rl.train.resume import resume_config
+from gear_rl.train.trainer import Trainer
 
 __all__ = ["run_comparison"]
 

@@ -58,9 +58,14 @@ def registered_fields(spec: StudySpec) -> dict[str, Any]:
     fields.update({"analysis.threshold": spec.threshold, "analysis.top_tokens": spec.top_tokens})
     fields.update({f"budget.{k}": v for k, v in spec.budget.items()
                    if k.split(".", 1)[0] not in CELL_FREE})
+    if spec.engine != "gear-rl":  # a gear-rl study's registration reads as it always did
+        fields["engine"] = spec.engine
+        fields.update({f"verl.{k}": v for k, v in spec.verl.items()})
     for task in spec.tasks:
         fields.update({f"tasks.{task.key}.overrides.{k}": v for k, v in task.overrides.items()
                        if k.split(".", 1)[0] not in CELL_FREE})
+        if task.setting is not None:
+            fields[f"tasks.{task.key}.setting"] = task.setting
     for method in spec.methods:
         where = f"methods.{method.key}"
         fields.update({f"{where}.estimator": method.estimator,

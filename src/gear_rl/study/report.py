@@ -24,7 +24,7 @@ import numpy as np
 from gear_rl.figures import band_plot, save_plot
 from gear_rl.report.compare import mismatch_error, mismatched_settings
 from gear_rl.report.data import RunData, TokenCount, load_run, top_divergence_tokens
-from gear_rl.rundir import RunDir, atomic_write_text, trained_on
+from gear_rl.rundir import RunDir, atomic_write_text, read_eval_records, read_jsonl, trained_on
 from gear_rl.stats import (
     Difference,
     Estimate,
@@ -35,7 +35,6 @@ from gear_rl.stats import (
 from gear_rl.study.registration import REGISTRATION, format_changes, require_registered
 from gear_rl.study.runner import machine_info, plan_cells
 from gear_rl.study.spec import SAMPLES_KEY, Cell, MethodSpec, StudySpec, TaskSpec
-from gear_rl.train.evaluate import read_eval_records
 
 __all__ = ["CellResult", "MethodResult", "StudyResult", "TaskResult", "analyze_study",
            "cell_machines", "mixed_seeds", "problem_scores", "write_study"]
@@ -608,7 +607,8 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
     lines = [f"# Study: {spec.name}", ""]
     if spec.description:
         lines += [spec.description.strip(), ""]
-    command = f"gear-rl study {spec.path or 'SPEC.yaml'} out={result.out}"
+    budget = f" budget={spec.budget_name}" if spec.budget_name else ""
+    command = f"gear-rl study {spec.path or 'SPEC.yaml'}{budget} out={result.out}"
     lines += [f"Reproduce: `{command}` (finished cells are reused; delete `cells/` to train "
               "again).", "",
               f"Report written on: {machine.get('cpu')}, {machine.get('cores')} cores, "
@@ -622,12 +622,72 @@ def _markdown(result: StudyResult, machine: dict[str, Any], timing: dict[str, An
     lines += _registration_lines(result.registration)
     for task in result.tasks:
         lines += _task_markdown(spec, task)
+    lines += _cells_markdown(result, timing)
     factor = minimum_detectable(1.0, confidence=stats.confidence, power=stats.power)
     lines.append(DEFINITIONS.format(
         name=spec.metric, conf=f"{stats.confidence * 100:g}%", replicates=stats.bootstrap,
         alpha=1 - stats.confidence, power=stats.power, factor=factor,
         power_pct=f"{stats.power * 100:g}%"))
     return "\n".join(lines)
+
+
+PHASE_PREFIXES = ("time/", "timing_s/")
+"""The step-phase timings of a cell's ``metrics.jsonl``: gear-rl train's ``time/*``, verl's
+``timing_s/*``."""
+LOG_TAIL = 8
+"""Lines of a failed cell's log shown in ``study.md``."""
+
+
+def cell_times(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Median seconds per step of each phase a cell's ``metrics.jsonl`` ``records`` logged
+    (``time/*`` or ``timing_s/*``), over its training steps after the first (start-up and
+    compilation land in step 1; all of them when it has one)."""
+    records = [r for r in records if isinstance(r.get("step"), int) and r["step"] >= 1]
+    later = [r for r in records if r["step"] > 1] or records
+    keys = {k for r in later for k in r if k.startswith(PHASE_PREFIXES)
+            and isinstance(r[k], (int, float)) and not k.endswith("_cpu")}
+    return {k: statistics.median(r[k] for r in later if isinstance(r.get(k), (int, float)))
+            for k in sorted(keys)}
+
+
+def _cells_markdown(result: StudyResult, timing: dict[str, Any]) -> list[str]:
+    """Per cell: how it ended, its wall time (every attempt), its steps and where a step's time
+    goes (the median phases, largest first); a failed cell's last log lines."""
+    spec, out = result.spec, result.out
+    rows, failures = [], []
+    for cell in spec.cells():
+        run_dir = cell.run_dir(out)
+        entry = timing["cells"].get(cell.name, {})
+        metrics = run_dir / "metrics.jsonl"
+        records = read_jsonl(metrics, drop_partial_last=True) if metrics.is_file() else []
+        steps = max((r["step"] for r in records if isinstance(r.get("step"), int)), default=0)
+        if RunDir(run_dir).finished():
+            state = "finished"
+        elif not entry:
+            state = "not started"
+        else:
+            state = "failed" if not (run_dir / "checkpoints").exists() else "interrupted"
+            log = run_dir.with_suffix(".log")
+            if log.is_file():
+                tail = log.read_text(encoding="utf-8", errors="replace").splitlines()
+                failures += [f"`{cell.name}` ({state}; log `{log.relative_to(out)}`, last "
+                             f"lines):", "", "```", *tail[-LOG_TAIL:], "```", ""]
+        times = cell_times(records)
+        step = times.pop("time/step", times.pop("timing_s/step", None))
+        phases = sorted(((k, v) for k, v in times.items() if v >= 0.05),
+                        key=lambda kv: -kv[1])[:5]
+        rows.append(f"| {cell.name} | {state} | "
+                    f"{entry['seconds'] / 60:.1f} min | " if entry else
+                    f"| {cell.name} | {state} | — | ")
+        rows[-1] += (f"{steps} | {'—' if step is None else f'{step:.1f}'} | "
+                     + (", ".join(f"{k.split('/', 1)[1]} {v:.1f}" for k, v in phases) or "—")
+                     + " |")
+    lines = ["## Cells", "",
+             "Wall time: every attempt of the cell added up (start-up included). Step and "
+             "phases: median seconds over the training steps after the first.", "",
+             "| cell | state | wall time | steps logged | s/step | largest phases (s) |",
+             "|---|---|---|---|---|---|", *rows, ""]
+    return lines + failures
 
 
 def _estimate_json(value: Estimate | None) -> dict[str, float] | None:

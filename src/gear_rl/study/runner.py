@@ -14,7 +14,11 @@ The study folder ``OUT``::
       study.md, study.json, plots/  the results (gear_rl.study.report)
 
 Each cell runs in its own process (``python -m gear_rl.study.cell``), so a crash stays in its
-cell; a killed study takes its running cells with it. Rerunning the same command continues:
+cell; a killed study takes its running cells with it. A verl study's cells
+(:mod:`gear_rl.study.verl_cells`) are verl jobs, started in the verl environment's interpreter
+(:mod:`gear_rl.study.verl_job`) after one check of every cell's overrides against
+verl's config; ``jobs=N`` splits the node's GPUs between N cells (one cell at a time on a
+CPU). Rerunning the same command continues:
 finished cells (``summary.json``) are never rerun, interrupted cells resume from their latest
 checkpoint (``resume=``), cells interrupted before their first checkpoint start again, and a
 cell folder holding a run of another config stops the study before anything trains, as does a
@@ -42,12 +46,20 @@ import yaml
 
 from gear_rl.credit.registry import CHANGED_CREDIT_DEFAULTS
 from gear_rl.dataclass_config import flatten_keys
-from gear_rl.rundir import RunDir, atomic_write_text, machine_label, read_jsonl, trained_on
+from gear_rl.rundir import (
+    RunDir,
+    atomic_write_text,
+    cpu_model,
+    machine_label,
+    read_jsonl,
+    trained_on,
+)
 from gear_rl.stop import StopSignal
 from gear_rl.study.registration import note_finished, register
 from gear_rl.study.spec import CELL_FREE, KEEP_POLICY, POLICY_DIR, Cell, StudySpec
+from gear_rl.study.verl_cells import VerlCellConfig, verl_cell_state, verl_python
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
-from gear_rl.train.runtime import cpu_model, resolve_device, resolves_to_bf16
+from gear_rl.train.runtime import resolve_device, resolves_to_bf16
 
 __all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
            "machine_info", "mixed_seed_warnings", "plan_cells", "register_study", "run_state",
@@ -118,9 +130,13 @@ class Planned:
     """A cell and what its folder holds now (:func:`run_state`)."""
 
     cell: Cell
-    config: TrainConfig
+    config: TrainConfig | VerlCellConfig
     run_dir: Path
     state: str
+
+    @property
+    def steps(self) -> int:
+        return int(self.config.steps)
 
 
 @dataclass
@@ -221,6 +237,8 @@ def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:
             cell and the settings it differs in. A cell's training cannot be amended.
     """
     out = Path(out)
+    if spec.engine == "verl":
+        return _plan_verl_cells(spec, out)
     planned, wrong = [], []
     for cell in spec.cells():
         config = spec.cell_config(cell, out)
@@ -232,6 +250,11 @@ def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:
             wrong.append(f"cell {cell.name}: {error}")
             continue
         planned.append(Planned(cell, config, cell.run_dir(out), state))
+    _refuse_changed(wrong)
+    return planned
+
+
+def _refuse_changed(wrong: list[str]) -> None:
     if wrong:
         shown = "; ".join(wrong[:_SHOWN]) + (f"; and {len(wrong) - _SHOWN} more cell(s)"
                                              if len(wrong) > _SHOWN else "")
@@ -240,6 +263,34 @@ def plan_cells(spec: StudySpec, out: str | Path) -> list[Planned]:
                          "ran, and what a cell trained under cannot be amended: restore the "
                          "file, remove the cell folders to train them again, or choose "
                          "another out=")
+
+
+def _plan_verl_cells(spec: StudySpec, out: Path) -> list[Planned]:
+    """:func:`plan_cells` of a verl study: a started cell's folder must hold a verl run (its
+    ``run.json`` says ``engine: verl``) of the overrides its cell file recorded, the ones the
+    spec gives it now."""
+    planned, wrong = [], []
+    for cell in spec.cells():
+        config = spec.verl_cell(cell)
+        run_dir = cell.run_dir(out)
+        state = verl_cell_state(run_dir)
+        info = RunDir(run_dir).read_info() if (run_dir / "run.json").is_file() else {}
+        if info and info.get("engine") != "verl":
+            raise ValueError(f"study: cell {cell.name}: {run_dir} holds a run of engine "
+                             f"{info.get('engine', 'gear-rl')!r} and this study's cells are verl "
+                             "jobs: one study's cells run on one engine (choose another out=)")
+        saved_path = _config_file(cell, out)
+        if state != "new" and saved_path.is_file():
+            saved = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+            wanted = config.as_dict()
+            if saved != wanted:
+                changed = sorted(k for k in saved.keys() | wanted.keys()
+                                 if saved.get(k) != wanted.get(k))
+                wrong.append(f"cell {cell.name}: {run_dir} holds a run of other settings "
+                             f"(differs in {changed})")
+                continue
+        planned.append(Planned(cell, config, run_dir, state))
+    _refuse_changed(wrong)
     return planned
 
 
@@ -312,6 +363,7 @@ class _Running:
     process: subprocess.Popen
     started: float
     log: IO[str]
+    gpus: list[str] = field(default_factory=list)
 
 
 def select_cells(spec: StudySpec, methods: Sequence[str] | None = None,
@@ -383,7 +435,13 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
             a registered field changed after cells finished without ``amend`` (checked before
             anything trains).
     """
-    jobs, threads = resolve_parallelism(jobs, threads)
+    if spec.engine == "verl":
+        jobs, gpus = verl_parallelism(spec, jobs)
+        threads = threads or 1
+        python = verl_python()
+    else:
+        jobs, threads = resolve_parallelism(jobs, threads)
+        gpus = []
     if jobs < 1 or threads < 1:
         raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
                          f"threads={threads}")
@@ -408,10 +466,12 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
         result.warnings = mixed_seed_warnings(planned, todo)
         for line in result.warnings:
             print(line, file=sys.stderr)
+        if spec.engine == "verl" and todo:
+            prepare_verl_cells(todo, out, python)
         try:
             _train(todo, len(selected), out, jobs=jobs, threads=threads, progress=progress,
                    python=python, keep_checkpoints=spec.keep_checkpoints, result=result,
-                   on_cell=on_cell)
+                   on_cell=on_cell, gpus=gpus)
         finally:  # the cells that finished now, under the registration in force
             note_finished(out, [p.cell.name for p in planned if RunDir(p.run_dir).finished()])
     finally:
@@ -436,8 +496,9 @@ def mixed_seed_warnings(planned: list[Planned], todo: list[Planned]) -> list[str
             if (item.cell.task.key, item.cell.seed) != (task, seed):
                 continue
             labels = (trained_on(RunDir(item.run_dir).read_info())
-                      if item.state in ("finished", "interrupted") else [])
-            if item.cell.name in training:
+                      if item.state in ("finished", "interrupted")
+                      and (item.run_dir / "run.json").is_file() else [])
+            if item.cell.name in training and isinstance(item.config, TrainConfig):
                 device = resolve_device(item.config.device)
                 sampler = resolves_to_bf16(item.config.rollout.dtype, device)
                 facts = {"cpu": here,
@@ -473,7 +534,75 @@ def _export_final_policy(run_dir: Path) -> bool:
     return True
 
 
+def verl_parallelism(spec: StudySpec, jobs: int | None,
+                     environ: Mapping[str, str] | None = None) -> tuple[int, list[list[str]]]:
+    """``(jobs, gpus)`` of a verl study: on a CPU one cell at a time (a 2-rank verl job needs
+    about 12 GB; ``jobs`` above 1 is refused); with GPUs (``CUDA_VISIBLE_DEVICES``, else
+    ``nvidia-smi -L``) each of the ``jobs`` cells (default: as many as fit) gets its own
+    ``trainer.n_gpus_per_node`` of them, ``gpus[i]`` the devices of the i-th slot.
+
+    Raises:
+        ValueError: more cells than the CPU or the GPUs hold.
+    """
+    environ = os.environ if environ is None else environ
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    else:
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                     timeout=30, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            listing = ""
+        devices = [str(i) for i, line in enumerate(listing.splitlines())
+                   if line.startswith("GPU ")]
+    if not devices:
+        if jobs not in (None, 1):
+            raise ValueError(f"study: jobs={jobs}: a verl study trains one cell at a time on a "
+                             "CPU (each job starts its own Ray cluster, actor and vLLM server; "
+                             "two do not fit 24 GB)")
+        return 1, []
+    per_cell = int(spec.verl.get("trainer.n_gpus_per_node", 1))
+    fit = len(devices) // max(per_cell, 1)
+    if fit < 1 or (jobs is not None and jobs > fit):
+        raise ValueError(f"study: jobs={jobs or 1} cells of trainer.n_gpus_per_node={per_cell} "
+                         f"GPUs need {(jobs or 1) * per_cell}, and {len(devices)} are visible")
+    jobs = fit if jobs is None else jobs
+    return jobs, [devices[i * per_cell:(i + 1) * per_cell] for i in range(jobs)]
+
+
+def prepare_verl_cells(todo: list[Planned], out: Path, python: str) -> None:
+    """Before any verl cell trains: every cell's overrides composed with verl's own config (an
+    override verl rejects fails here, naming the cell), and each task's data and model
+    written once under ``OUT/verl`` (:mod:`gear_rl.study.verl_job`).
+
+    Raises:
+        ValueError: the check failed; its output's last lines say why.
+    """
+    plan = out / "verl" / "prepare.json"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(plan, json.dumps([
+        {"cell": item.cell.name, "task": item.cell.task.key, "method": item.cell.method.key,
+         "run_dir": str(item.run_dir.resolve()), **item.config.as_dict()}  # type: ignore[union-attr]
+        for item in todo], indent=1) + "\n")
+    print(f"[study] checking {len(todo)} verl cell(s) against verl's config and writing their "
+          "data", file=sys.stderr)
+    done = subprocess.run([python, "-m", "gear_rl.study.verl_job", "prepare",
+                           str(plan)], capture_output=True, text=True, check=False,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-15:]
+        raise ValueError("verl refused the study's cells before any trained:\n  "
+                         + "\n  ".join(tail))
+
+
 def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
+    if isinstance(item.config, VerlCellConfig):
+        path = _config_file(item.cell, out)
+        if item.state == "new" or not path.is_file():
+            atomic_write_text(path, yaml.safe_dump(item.config.as_dict(), sort_keys=False))
+        return [python, "-m", "gear_rl.study.cell", str(os.getpid()), "verl", str(path),
+                str(item.run_dir), item.cell.name, str(out / "verl")]
     head = [python, "-m", "gear_rl.study.cell", str(os.getpid()), "train"]
     if RunDir(item.run_dir).is_run():  # interrupted after a checkpoint: resume it
         return [*head, f"resume={item.run_dir}", f"threads={threads}"]
@@ -486,7 +615,8 @@ def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
 
 def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: int,
            progress: bool, python: str, keep_checkpoints: bool | str, result: StudyRun,
-           on_cell: Callable[[CellOutcome], None] | None) -> None:
+           on_cell: Callable[[CellOutcome], None] | None,
+           gpus: list[list[str]] | None = None) -> None:
     timings = _Timings(out)
     queue = list(todo)
     running: list[_Running] = []
@@ -548,7 +678,7 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
             known &= estimate is not None
             remaining += max((estimate or 0.0) - (now - job.started), 0.0)
         steps = ", ".join(f"{job.planned.cell.name} step {_last_step(job.planned.run_dir)}/"
-                          f"{job.planned.config.steps}" for job in running)
+                          f"{job.planned.steps}" for job in running)
         eta = (f"ETA {_duration(remaining / max(1, min(jobs, len(queue) + len(running))))}"
                if known else "ETA after the first cell")
         return f"{eta} | {steps}" if steps else eta
@@ -561,13 +691,18 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
             while queue and len(running) < jobs:
                 item = queue.pop(0)
                 command = _command(item, out, python, threads)
+                cell_env, slot = env, []
+                if gpus:  # this cell's own GPUs: the first slot no running cell holds
+                    held = [job.gpus for job in running]
+                    slot = next(g for g in gpus if g not in held)
+                    cell_env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(slot)}
                 log = _log_file(item.cell, out).open("a", encoding="utf-8")
                 log.write(f"\n[study] {time.strftime('%Y-%m-%d %H:%M:%S')} $ "
                           f"{' '.join(command)}\n")
                 log.flush()
                 process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=env)
-                running.append(_Running(item, process, time.perf_counter(), log))
+                                           stdin=subprocess.DEVNULL, env=cell_env)
+                running.append(_Running(item, process, time.perf_counter(), log, slot))
             for job in [j for j in running if j.process.poll() is not None]:
                 running.remove(job)
                 finish(job)

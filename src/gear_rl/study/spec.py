@@ -11,6 +11,11 @@ came from. A method may not change what the cells of a task must share (the sett
 or the task. The one exception is a method's ``samples_per_prompt`` (task key -> value), which
 sets its cells' ``rollout.samples_per_prompt``: an arm given as many sampled tokens as another
 method spends, which the report names.
+
+``engine: verl`` makes every cell a verl job instead (:mod:`gear_rl.study.verl_cells`): the
+budget is a ``verl:`` block of Hydra overrides, a task names a verl data ``setting``, a method's
+overrides are Hydra overrides. ``budgets:`` holds named variants of the budget (``budget=NAME``
+on the command line lays one over ``budget:`` or ``verl:``), e.g. a GPU study scaled to a CPU.
 """
 
 from __future__ import annotations
@@ -23,8 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gear_rl.dataclass_config import flatten_keys, read_yaml, shown
+from gear_rl.dataclass_config import flatten_keys, hydra_override_key, read_yaml, shown
 from gear_rl.report.compare import COMPARABLE
+from gear_rl.study.verl_cells import (
+    ENGINES,
+    STEPS_KEY,
+    VerlCellConfig,
+    check_verl_overrides,
+    covers,
+    verl_setting,
+)
 from gear_rl.train.config import TrainConfig, load_config
 
 __all__ = ["CELL_FREE", "KEEP_POLICY", "METRICS", "POLICY_DIR", "SAMPLES_KEY", "Cell",
@@ -45,9 +58,10 @@ CELL_FREE = ("threads", "device", "log", "resume", "out")
 """Top-level train settings a cell may change without becoming another cell (what a resumed run
 may change, less ``steps`` and ``eval.every``, which the study fixes): left out when a cell
 folder is checked against the spec, and out of the study's registration."""
-_TOP = ("name", "description", "metric", "baseline", "seeds", "budget", "tasks", "methods",
-        "contrasts", "statistics", "analysis", "keep_checkpoints")
+_TOP = ("name", "description", "metric", "baseline", "seeds", "engine", "budget", "verl",
+        "budgets", "tasks", "methods", "contrasts", "statistics", "analysis", "keep_checkpoints")
 _TASK_KEYS = ("label", "overrides")
+_VERL_TASK_KEYS = ("label", "setting", "overrides")
 _METHOD_KEYS = ("estimator", "label", "overrides", "seeds", "samples_per_prompt")
 SAMPLES_KEY = "rollout.samples_per_prompt"
 KEEP_POLICY = "policy"
@@ -69,12 +83,14 @@ class TaskSpec:
         key: its name in the spec (the folder of its cells).
         label: the name shown in the tables.
         overrides: train settings of this task's cells (dotted keys; ``task`` defaults to
-            ``key``).
+            ``key``); in a verl study, Hydra overrides.
+        setting: a verl study's data setting (None in a ``gear-rl`` study).
     """
 
     key: str
     label: str
     overrides: dict[str, Any]
+    setting: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,9 @@ class StudySpec:
         contrasts: further ``(method, against)`` pairs the report compares, paired as every
             method is with the baseline (e.g. a method against an equal-token arm).
         path: the file it was read from (None: parsed from a mapping).
+        engine: what the cells run on, one of :data:`~gear_rl.study.verl_cells.ENGINES`.
+        verl: a verl study's shared Hydra overrides (dotted keys; its budget).
+        budget_name: the ``budgets:`` variant laid over the budget (None: none).
     """
 
     name: str
@@ -177,6 +196,9 @@ class StudySpec:
     keep_checkpoints: bool | str = False
     contrasts: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
+    engine: str = "gear-rl"
+    verl: dict[str, Any] = field(default_factory=dict)
+    budget_name: str | None = None
 
     def method(self, key: str) -> MethodSpec:
         """The method named ``key``."""
@@ -193,9 +215,28 @@ class StudySpec:
         return [Cell(task, method, method.seeds[i]) for i in range(rounds)
                 for task in self.tasks for method in self.methods if i < len(method.seeds)]
 
+    @property
+    def steps(self) -> int:
+        """The cells' training steps."""
+        if self.engine == "verl":
+            return int(self.verl[STEPS_KEY])
+        return int(self.cell_config(self.cells()[0], ".").steps)
+
+    def verl_cell(self, cell: Cell) -> VerlCellConfig:
+        """A verl study's cell: what it trains under (:class:`VerlCellConfig`)."""
+        if self.engine != "verl" or cell.task.setting is None:
+            raise ValueError(f"{self._where()}not a verl study")
+        return VerlCellConfig.build(
+            setting=cell.task.setting, estimator=cell.method.estimator, seed=cell.seed,
+            steps=int(self.verl[STEPS_KEY]), shared=self.verl, task=cell.task.overrides,
+            method=cell.method.overrides)
+
     def cell_config(self, cell: Cell, out: str | Path) -> TrainConfig:
         """The cell's train config (validated by ``load_config``), with ``out`` set to its run
-        directory."""
+        directory (a ``gear-rl`` study's; a verl study's cells: :meth:`verl_cell`)."""
+        if self.engine == "verl":
+            raise ValueError(f"{self._where()}a verl study's cells are verl jobs, not gear-rl "
+                             "train configs")
         matched = cell.method.samples_per_prompt
         settings = {**self.budget, **cell.task.overrides, **cell.method.overrides,
                     **({SAMPLES_KEY: matched[cell.task.key]} if matched else {}),
@@ -212,16 +253,12 @@ class StudySpec:
         return f"study spec {self.path}: " if self.path is not None else "study spec: "
 
 
-def load_spec(path: str | Path) -> StudySpec:
-    """Read and check the study file at ``path`` (see :func:`parse_spec`)."""
+def load_spec(path: str | Path, *, budget: str | None = None) -> StudySpec:
+    """Read and check the study file at ``path`` (see :func:`parse_spec`), with its
+    ``budgets.<budget>`` variant laid over the budget when ``budget`` is given."""
     path = Path(path)
     # read_yaml refuses a key given twice in one mapping, as a config file's
-    return parse_spec(read_yaml(path, "study spec"), path=path)
-
-
-def _covers(key: str, setting: str) -> bool:
-    """Whether dotted ``key`` sets ``setting`` or part of it (or a section holding it)."""
-    return key == setting or key.startswith(setting + ".") or setting.startswith(key + ".")
+    return parse_spec(read_yaml(path, "study spec"), path=path, budget=budget)
 
 
 class _Checker:
@@ -249,7 +286,7 @@ class _Checker:
         flat = flatten_keys(self.mapping(value, name))
         for key in flat:
             for reserved, why in _RESERVED.items():
-                if _covers(key, reserved):
+                if covers(key, reserved):
                     raise self.fail(f"{name}: {shown(key)} cannot be set in a study ({why})")
         return flat
 
@@ -285,11 +322,13 @@ class _Checker:
         return key
 
 
-def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
+def parse_spec(data: Any, *, path: str | Path | None = None,
+               budget: str | None = None) -> StudySpec:
     """Check a study given as a mapping (a parsed YAML file) and build its :class:`StudySpec`.
 
     Every cell's config is built once here, so an unknown key, an unknown estimator or a bad
-    value anywhere fails before any training, naming the task and method.
+    value anywhere fails before any training, naming the task and method. ``budget`` names a
+    ``budgets:`` variant to lay over the study's ``budget:`` (``verl:`` in a verl study).
 
     Raises:
         ValueError: an unknown or misspelt key (with the nearest valid one), a missing section,
@@ -301,6 +340,13 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     check = _Checker(where)
     top = check.mapping(data, "the file")
     check.keys(top, _TOP, "")
+    if budget is not None:
+        variants = check.mapping(top.get("budgets"), "budgets")
+        if budget not in variants:
+            raise check.fail(f"budget={budget}: the study has no such budgets: entry "
+                             f"(it has {sorted(variants) or 'none'})")
+        top = _laid_over(top, check.mapping(variants[budget], f"budgets.{budget}"))
+        check.keys(top, _TOP, f"budgets.{budget}.")
     for section in ("tasks", "methods"):
         if not top.get(section):
             raise check.fail(f"{section} is missing or empty")
@@ -308,22 +354,66 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     if metric not in METRICS:
         raise check.fail(f"metric must be one of {METRICS}, got {shown(metric)}")
     default_seeds = check.seeds(top["seeds"], "seeds") if "seeds" in top else None
-    budget = check.overrides(top.get("budget"), "budget")
+    engine = top.get("engine", "gear-rl")
+    if engine not in ENGINES:
+        raise check.fail(f"engine must be one of {ENGINES}, got {shown(engine)}")
+    verl = engine == "verl"
+    home = "verl" if verl else "budget"
+    if (verl and "budget" in top) or (not verl and "verl" in top):
+        raise check.fail(f"a study with engine: {engine} gives its budget as {home}: "
+                         f"({'Hydra overrides' if verl else 'gear-rl train settings'}), not "
+                         f"{'budget' if verl else 'verl'}:; one study's cells run on one engine")
+    if verl:
+        shared = check_verl_overrides(flatten_keys(check.mapping(top.get("verl"), "verl")),
+                                      "verl")
+        steps = shared.get(STEPS_KEY)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise check.fail(f"verl.{STEPS_KEY} must be an integer >= 1 (the step the cells "
+                             f"are compared at), got {shown(steps)}")
+        budget_values: dict[str, Any] = {}
+    else:
+        shared = {}
+        budget_values = check.overrides(top.get("budget"), "budget")
     tasks = []
     for key, entry in check.mapping(top["tasks"], "tasks").items():
         entry = check.mapping(entry, f"tasks.{key}")
-        check.keys(entry, _TASK_KEYS, f"tasks.{key}.")
+        check.keys(entry, _VERL_TASK_KEYS if verl else _TASK_KEYS, f"tasks.{key}.")
+        if verl:
+            try:
+                overrides = check_verl_overrides(
+                    flatten_keys(check.mapping(entry.get("overrides"),
+                                               f"tasks.{key}.overrides")),
+                    f"tasks.{key}.overrides")
+                setting = verl_setting(key, entry, f"tasks.{key}")
+            except ValueError as error:
+                raise check.fail(str(error)) from None
+            tasks.append(TaskSpec(check.name(key, "task"), str(entry.get("label", key)),
+                                  overrides, setting))
+            continue
         overrides = check.overrides(entry.get("overrides"), f"tasks.{key}.overrides")
-        overrides.setdefault("task", budget.get("task", key))
+        overrides.setdefault("task", budget_values.get("task", key))
         tasks.append(TaskSpec(check.name(key, "task"), str(entry.get("label", key)), overrides))
     methods = []
     for key, entry in check.mapping(top["methods"], "methods").items():
         entry = check.mapping(entry, f"methods.{key}")
         check.keys(entry, _METHOD_KEYS, f"methods.{key}.")
-        overrides = check.overrides(entry.get("overrides"), f"methods.{key}.overrides")
-        for setting in (*COMPARABLE, "eval"):
+        if verl:
+            if "samples_per_prompt" in entry:
+                raise check.fail(f"methods.{key}.samples_per_prompt: an equal-token arm is a "
+                                 "gear-rl study's (a verl study's cells share "
+                                 "actor_rollout_ref.rollout.n)")
+            try:
+                overrides = check_verl_overrides(
+                    flatten_keys(check.mapping(entry.get("overrides"),
+                                               f"methods.{key}.overrides")),
+                    f"methods.{key}.overrides", method=True)
+            except ValueError as error:
+                raise check.fail(str(error)) from None
+        else:
+            overrides = check.overrides(entry.get("overrides"), f"methods.{key}.overrides")
+        for setting in (*COMPARABLE, "eval") if not verl else ():
             for override in overrides:
-                if _covers(override, setting):
+                if covers(override, setting):
                     raise check.fail(
                         f"methods.{key}.overrides: {shown(override)} changes a setting every "
                         "cell of "
@@ -339,6 +429,8 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
         estimator = entry.get("estimator", key)
         if not isinstance(estimator, str):
             raise check.fail(f"methods.{key}.estimator must be a name, got {shown(estimator)}")
+        if verl:
+            _check_verl_estimator(check, key, estimator)
         matched = check.mapping(entry.get("samples_per_prompt"),
                                 f"methods.{key}.samples_per_prompt")
         task_keys = [t.key for t in tasks]
@@ -392,13 +484,85 @@ def parse_spec(data: Any, *, path: str | Path | None = None) -> StudySpec:
     spec = StudySpec(
         name=str(top.get("name") or (where.stem if where is not None else "study")),
         description=str(top.get("description") or ""), metric=metric, baseline=baseline,
-        budget=budget, tasks=tuple(tasks), methods=tuple(methods), statistics=stats,
+        budget=budget_values, tasks=tuple(tasks), methods=tuple(methods), statistics=stats,
         threshold=check.number(analysis, "threshold", 0.1, "analysis.", kind=float,
                                low=0.0),
         top_tokens=check.number(analysis, "top_tokens", 20, "analysis.", kind=int, low=1),
-        keep_checkpoints=keep, contrasts=tuple(contrasts), path=where)
-    _check_cells(spec)
+        keep_checkpoints=keep, contrasts=tuple(contrasts), path=where, engine=engine,
+        verl=shared, budget_name=budget)
+    if verl:
+        if keep == KEEP_POLICY:
+            raise check.fail(f"keep_checkpoints: {KEEP_POLICY} exports a gear-rl checkpoint; a "
+                             "verl cell's are verl's (keep them with true)")
+        _check_verl_model(check, spec)
+    else:
+        _check_cells(spec)
     return spec
+
+
+def _laid_over(top: dict[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``budgets:`` entry laid over the study file: mappings merged key by key (``budget``
+    and ``verl`` by their dotted keys), other values replaced, a null removing the key."""
+    def merge(base: Mapping[str, Any], over: Mapping[str, Any], flat: bool) -> dict[str, Any]:
+        out = flatten_keys(base) if flat else dict(base)
+        for key, value in (flatten_keys(over) if flat else over).items():
+            if value is None:
+                out.pop(key, None)
+            elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping) and not flat:
+                out[key] = merge(out[key], value, key in ("budget", "verl"))
+            else:
+                out[key] = value
+        return out
+
+    merged = merge(top, {k: v for k, v in overlay.items() if k not in ("budget", "verl")}, False)
+    for block in ("budget", "verl"):
+        if isinstance(overlay.get(block), Mapping):
+            merged[block] = merge(merged.get(block) or {}, overlay[block], True)
+    return merged
+
+
+def _check_verl_estimator(check: _Checker, key: str, estimator: str) -> None:
+    """A verl method's estimator: registered, and one verl runs (its ``engine_limit``)."""
+    from gear_rl.credit import get_estimator
+
+    try:
+        limit = get_estimator(estimator).engine_limit("verl")
+    except (KeyError, ValueError) as error:
+        raise check.fail(f"methods.{key}.estimator: {error}") from None
+    if limit is not None:
+        raise check.fail(f"methods.{key}.estimator {estimator!r} cannot run in verl: {limit}")
+
+
+def _check_verl_model(check: _Checker, spec: StudySpec) -> None:
+    """The model and data files a verl study names exist here: the model a local folder,
+    ``smollm2`` (the bundled one), or, where the Hugging Face hub is not switched off
+    (``HF_HUB_OFFLINE``), a hub name ``org/model`` (nothing named: the CPU mode's tiny model);
+    ``data.train_files`` / ``data.val_files`` local files."""
+    import os
+
+    from gear_rl.integrations.verl.cpu_job import SMOLLM2
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false")
+    for where, overrides in [("verl", spec.verl),
+                             *((f"tasks.{t.key}.overrides", t.overrides) for t in spec.tasks)]:
+        for key, value in overrides.items():
+            bare = hydra_override_key(key)
+            if bare == "actor_rollout_ref.model.path" and value != SMOLLM2:
+                hub = (isinstance(value, str) and value.count("/") == 1
+                       and not value.startswith((".", "/", "~")))
+                if not isinstance(value, str) or not (Path(value).expanduser().is_dir()
+                                                      or (hub and not offline)):
+                    raise check.fail(
+                        f"{where}: actor_rollout_ref.model.path {shown(value)} is not a folder "
+                        "here: give a local Hugging Face model folder or "
+                        f"{SMOLLM2!r}" + (" (HF_HUB_OFFLINE is set: a hub name is not "
+                                          "fetched)" if hub else ""))
+            if bare in ("data.train_files", "data.val_files"):
+                for name in value if isinstance(value, list) else [value]:
+                    if not isinstance(name, str) or not Path(name).expanduser().is_file():
+                        raise check.fail(f"{where}: {bare} {shown(name)} is not a file here "
+                                         "(python -m gear_rl.integrations.verl.data writes "
+                                         "verl's layout from GSM8K / MATH / ToolRL files)")
 
 
 def _check_cells(spec: StudySpec) -> None:

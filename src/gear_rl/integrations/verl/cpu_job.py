@@ -19,7 +19,9 @@ this module adds is only what a CPU needs and what the recipe leaves to the user
   created in ``/dev/shm`` (vLLM's ``psm_*``, verl's ``verl_weights_*``, ``sem.mp-*``) are
   removed.
 
-Settings (``SETTING=math|tir|toolrl``, as the recipe's script): ``math`` single-turn math,
+Settings (``SETTING=math|products|tir|toolrl|sokoban|keydoor|textarena:GAME``, as the recipe's
+script): ``math`` single-turn math, ``products`` gear-rl train's default task as the trainer
+shows it (its prompts, problems and first 64 held-out ones; for comparing the two engines),
 ``tir`` math with the Python tool (verl's ``tool_agent`` loop, gear-rl's sandbox as the tool),
 ``toolrl`` function calling with the ToolRL reward. ``GEAR_RL_VERL_PRECISION`` is ``fp32`` (the
 default) or ``bf16`` (verl's own default: fast only with AVX-512 BF16 / AMX).
@@ -43,10 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gear_rl.dataclass_config import hydra_override_key
 from gear_rl.integrations.verl.cpu import CPU_ENV, cpu_overrides
 from gear_rl.stop import StopSignal, exit_code, stop_signals
 
-SETTINGS = ("math", "tir", "toolrl")
+SETTINGS = ("math", "tir", "toolrl", "products")
 SHM = Path("/dev/shm")
 SHM_PATTERNS = ("psm_", "verl_weights_", "sem.mp-")
 RECIPE = Path(__file__).resolve().parents[4] / "recipes" / "verl" / "run_gear_qwen3_4b.sh"
@@ -61,16 +64,11 @@ TINY_MODEL: dict[str, Any] = dict(arch="qwen2", hidden_size=128, num_heads=2, nu
                                   max_position_embeddings=2048)
 
 
-def _override_key(override: str) -> str:
-    """``+a.b=1`` / ``++a.b=1`` / ``~a.b`` -> ``a.b``."""
-    return override.lstrip("+~").split("=", 1)[0].strip()
-
-
 def _given(overrides: Sequence[str], key: str) -> str | None:
     """The value the user gave ``key`` (the last one), or ``None``."""
     value = None
     for override in overrides:
-        if _override_key(override) == key and "=" in override:
+        if hydra_override_key(override) == key and "=" in override:
             value = override.split("=", 1)[1]
     return value
 
@@ -186,6 +184,10 @@ def write_default_data(setting: str, out: Path, *, train_size: int = 64, eval_si
     if train.exists() and test.exists():
         return train, test
     out.mkdir(parents=True, exist_ok=True)
+    if setting == data.PRODUCTS:  # gear-rl train's default task: its problems, 64 held out
+        from gear_rl.tasks.base import DEFAULT_TRAIN_SIZE
+
+        train_size, eval_size = DEFAULT_TRAIN_SIZE, 64
     data.write_example_data(setting, out, train_size=train_size, eval_size=eval_size, seed=seed)
     return train, test
 
@@ -249,16 +251,22 @@ class JobPlan:
 
 
 def plan_job(overrides: Sequence[str], *, setting: str = "math",
-             workdir: str | Path = "runs/verl-cpu", python: str | None = None) -> JobPlan:
+             workdir: str | Path = "runs/verl-cpu", python: str | None = None,
+             device: str = "cpu") -> JobPlan:
     """Prepare the model and data the overrides do not name and build the recipe command.
 
     Args:
         overrides: Hydra overrides from the user; they come last, so they win.
-        setting: ``math``, ``tir`` or ``toolrl`` (the recipe's ``SETTING``).
+        setting: ``math``, ``tir``, ``toolrl`` or an environment (the recipe's ``SETTING``).
         workdir: where the tiny model, the data and verl's checkpoints go.
         python: the interpreter of the verl environment (default: this one).
+        device: ``cpu`` (the CPU mode: its platform, precision and small-batch overrides) or
+            ``cuda`` (the recipe as is, on the visible GPUs: only the model and data the
+            overrides do not name are added).
     """
     _check_setting(setting)
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
     for override in overrides:
         if "=" not in override and not override.startswith("~"):
             raise ValueError(f"not a Hydra override (key=value): {override!r}")
@@ -314,24 +322,26 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
         model_path = ensure_smollm2()
         notes.append(f"model: SmolLM2-135M-Instruct (bundled) at {model_path}")
         overrides = [f"actor_rollout_ref.model.path={model_path}"
-                     if _override_key(o) == "actor_rollout_ref.model.path" else o
+                     if hydra_override_key(o) == "actor_rollout_ref.model.path" else o
                      for o in overrides]
     else:
         model_path = Path(model)
-    env.update(CPU_ENV)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
+    if device == "cpu":
+        env.update(CPU_ENV)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_KV_CACHE_GIB)
     env.update(SETTING=setting, GEAR_DATA=str(workdir), GEAR_MODEL=str(model_path),
                GPUS_PER_NODE=str(n_ranks), NNODES="1", HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     python = python or sys.executable
     env["PATH"] = f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}"
     precision = os.environ.get("GEAR_RL_VERL_PRECISION", "fp32")
-    ours = [*cpu_overrides(n_ranks=n_ranks, precision=precision),
-            *small_overrides(n_ranks=n_ranks, tiny=tiny, setting=setting),
+    ours = [*(cpu_overrides(n_ranks=n_ranks, precision=precision)
+              + small_overrides(n_ranks=n_ranks, tiny=tiny, setting=setting)
+              if device == "cpu" else []),
             f"trainer.default_local_dir={workdir}/checkpoints",
             "trainer.project_name=gear_rl_cpu", f"trainer.experiment_name={setting}"]
-    given = {_override_key(o) for o in overrides}
-    ours = [o for o in ours if _override_key(o) not in given]
+    given = {hydra_override_key(o) for o in overrides}
+    ours = [o for o in ours if hydra_override_key(o) not in given]
     command = ["bash", str(RECIPE), *ours, *overrides]
     return JobPlan(command=command, env=env, workdir=workdir, setting=setting, notes=notes)
 
@@ -445,8 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="scripts/verl_cpu.sh",
         description="Run a real verl 0.9.1 job (Ray, FSDP2 on gloo, vLLM-CPU, TransferQueue) on "
                     "this CPU with gear-rl's recipe (recipes/verl). Arguments are Hydra "
-                    "overrides; SETTING=math|tir|toolrl|sokoban|keydoor|textarena:GAME picks "
-                    "the recipe's setting.")
+                    "overrides; SETTING=math|products|tir|toolrl|sokoban|keydoor|"
+                    "textarena:GAME picks the recipe's setting.")
     parser.add_argument("--workdir", default=os.environ.get("GEAR_RL_VERL_WORKDIR",
                                                             "runs/verl-cpu"),
                         help="tiny model, data and checkpoints (default runs/verl-cpu)")

@@ -94,6 +94,12 @@ __all__ = [
 ]
 
 SETTINGS = ("math", "tir", "toolrl")
+PRODUCTS = "products"
+"""The example-data setting that is ``gear-rl train``'s default task as it is: reasoning-gym
+one-digit ``products``, prompts exactly as the trainer shows them (its instruction, not the
+recipe's ``\\boxed{}`` one), the trainer's training problems and its first held-out ones;
+single-turn, scored like ``math``. For comparisons of the two engines (a verl study of the
+default task, ``scripts/verl_smollm2.py``)."""
 ENV_SETTINGS = ("sokoban", "keydoor", "textarena:GAME")
 """The environment settings: gear-rl's text games, played by the ``gear_env`` agent loop
 (``textarena`` takes its game after a colon, e.g. ``textarena:FrozenLake-v0``)."""
@@ -478,6 +484,22 @@ def env_data_rows(setting: str, *, options: dict[str, Any] | None = None, train_
     return [row(p) for p in task.train], [row(p) for p in task.eval]
 
 
+def products_rows(*, train_size: int, eval_size: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:data:`PRODUCTS`' rows: ``gear-rl train``'s default task (``load_task("products")``,
+    seed 0, as every run builds it) with its prompts as chat messages, the answer as
+    ``reward_model.ground_truth`` and the problem id as ``extra_info.id``; ``train_size``
+    training problems and the first ``eval_size`` held-out ones."""
+    from gear_rl.tasks import load_task
+
+    task = load_task(PRODUCTS, train_size=train_size, eval_size=eval_size, seed=0)
+    return tuple([{"data_source": f"gear_rl/{PRODUCTS}", "prompt": p.prompt, "ability": "math",
+                   "reward_model": {"style": "rule", "ground_truth": p.answer},
+                   "extra_info": {"id": p.id, "layout": f"gear_rl/{PRODUCTS}"}}
+                  for p in problems]
+                 for problems in (task.train, task.eval[:eval_size]))  # type: ignore[return-value]
+
+
 def write_example_data(setting: str, out_dir: str | Path, *, train_size: int = 64,
                        eval_size: int = 16, seed: int = 0) -> Written:
     """Small generated data for ``setting`` in the same layout, for smoke runs: one-digit
@@ -487,8 +509,8 @@ def write_example_data(setting: str, out_dir: str | Path, *, train_size: int = 6
     ToolRL's raw layout (two tools, weather and currency) for ``toolrl``. Each goes through the
     same conversion as :func:`write_verl_data`; deduplication can leave fewer than
     ``train_size`` / ``eval_size`` rows (one-digit products repeat)."""
-    if setting not in SETTINGS and not is_env_setting(setting):
-        raise ValueError(f"setting must be one of {SETTINGS} or an environment "
+    if setting not in (*SETTINGS, PRODUCTS) and not is_env_setting(setting):
+        raise ValueError(f"setting must be one of {(*SETTINGS, PRODUCTS)} or an environment "
                          f"{ENV_SETTINGS}, got {setting!r}")
     for name, value in (("train_size", train_size), ("eval_size", eval_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -496,6 +518,9 @@ def write_example_data(setting: str, out_dir: str | Path, *, train_size: int = 6
     if is_env_setting(setting):
         train, test = env_data_rows(setting, train_size=train_size, eval_size=eval_size,
                                     seed=seed)
+        read, duplicates, conflicting = len(train) + len(test), 0, 0
+    elif setting == PRODUCTS:
+        train, test = products_rows(train_size=train_size, eval_size=eval_size)
         read, duplicates, conflicting = len(train) + len(test), 0, 0
     elif setting == "toolrl":
         rng = random.Random(seed)

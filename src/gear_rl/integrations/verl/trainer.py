@@ -30,7 +30,11 @@ things, and nothing else changes:
    diagnostics under the trainer's names, ``time/step`` and every number verl logs that step;
    ``summary.json`` after the last step. A resumed job drops the records after its checkpoint.
    A new run's validation before training (``trainer.val_before_train``) is the line of step 0,
-   with ``eval/mean@N`` where one data source was validated.
+   with ``eval/mean@N`` where one data source was validated. Every validation also writes its
+   per-problem records (``eval_records/step-NNNNNN.json``, :mod:`gear_rl.train.evaluate`'s
+   format: each held-out row's id and the rewards of its ``val_kwargs.n`` samples), which a
+   ``gear-rl study`` of verl cells pairs problem by problem; ``run.json`` records the machine
+   (processor or GPU, and the actor's and rollout's precision).
 
 ``gear`` is verl's ``sync`` loop, ``gear_colocate_async`` its ``colocate_async`` loop. verl's base
 class compares ``trainer_mode`` with the literal ``"sync"`` in several places (which replay buffer,
@@ -107,14 +111,14 @@ class GEARTrainerMixin:
     # from the advantage step until verl's metrics of the step are complete
     gear_run_log: EngineRunLog | None = None
     _gear_pending: tuple[dict[str, float], list[dict[str, Any]]] | None = None
-    # verl's validation before the first step of a new run (step 0), kept until the run log
-    # opens at step 1's metrics
-    _gear_initial_validation: dict[str, float] | None = None
+    # the last validation's (sample prompt uids, scores), for its eval records
+    _gear_val_samples: tuple[list[str], list[float]] | None = None
     # set by verl's PPOTrainer, the class this mixin is combined with
     config: Any
     tokenizer: Any
     actor_rollout_wg: Any
     agent_loop_manager: Any  # set by verl's fit(): its llm_client reaches the rollout servers
+    val_dataloader: Any
     global_steps: int
     total_training_steps: int
 
@@ -235,15 +239,78 @@ class GEARTrainerMixin:
 
     # ------------------------------------------------------------------ run log
     def _validate(self) -> dict[str, float]:
-        """verl's validation; the one before a new run's first step (``val_before_train``,
-        step 0) is kept for the run log, which opens at step 1 (a validation during training
-        reaches it through the step's metrics)."""
-        result = super()._validate()  # type: ignore[misc]
+        """verl's validation, and its per-problem records in the run log's folder; the one
+        before a new run's first step (``val_before_train``, step 0) opens the run log with its
+        line of step 0 at once (so a job stopped before step 1's line keeps it; a validation
+        during training reaches the log through the step's metrics)."""
         settings = self.gear_settings
-        if (self.global_steps == 0 and settings is not None and settings.log_samples_per_step > 0
-                and result):
-            self._gear_initial_validation = {**engine_metrics(result), **verl_held_out(result)}
+        if settings is None or settings.log_samples_per_step <= 0:
+            return super()._validate()  # type: ignore[misc]
+        batches: list[dict[str, Any]] = []
+        loader = self.val_dataloader
+        self.val_dataloader = _Seen(loader, batches)
+        self._gear_val_samples = None
+        try:
+            result = super()._validate()  # type: ignore[misc]
+        finally:
+            self.val_dataloader = loader
+        if self._gear_val_samples is not None:
+            self._gear_write_eval_records(batches, *self._gear_val_samples)
+        if self.global_steps == 0 and result:
+            self._gear_open_run_log(settings, first_step=1).log_step(
+                0, {**engine_metrics(result), **verl_held_out(result)})
         return result
+
+    def _gear_open_run_log(self, settings: VerlGEARSettings, first_step: int) -> EngineRunLog:
+        """The run log, opened now if it is not (a new run at ``first_step`` 1, a resumed one
+        at the step it continues with)."""
+        if self.gear_run_log is None:
+            self.gear_run_log = EngineRunLog(
+                Path(settings.run_log_dir or self.config.trainer.default_local_dir).resolve(),
+                engine="verl", config=self._gear_run_config(settings), first_step=first_step,
+                info={**self._gear_machine(), "run_id": uuid.uuid4().hex,
+                      "verl": _version("verl"), "torch": torch.__version__,
+                      "trainer_mode": self.gear_trainer_mode})
+        return self.gear_run_log
+
+    def _val_metrics_update(self, data_sources: Any, sample_uids: Any,
+                            reward_extra_infos_dict: dict[str, list], sample_turns: Any,
+                            expected_acc_counts: Any = None) -> dict[str, float]:
+        """verl's validation metrics; keeps each sample's prompt uid and score (``acc`` where
+        the reward function gives one, as verl's core metric does, else ``reward``) for the
+        records."""
+        scores = reward_extra_infos_dict.get("acc") or reward_extra_infos_dict["reward"]
+        self._gear_val_samples = ([str(u) for u in sample_uids],
+                                  [float(bool(s)) if isinstance(s, bool) else float(s)
+                                   for s in scores])
+        return super()._val_metrics_update(  # type: ignore[misc]
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns,
+            expected_acc_counts=expected_acc_counts)
+
+    def _gear_write_eval_records(self, batches: list[dict[str, Any]], uids: list[str],
+                                 scores: list[float]) -> None:
+        """``eval_records/step-NNNNNN.json``: per held-out row, in the data set's order, its
+        id (``extra_info.id`` / ``source`` / ``index``) and the scores of its samples."""
+        from gear_rl.rundir import write_eval_records
+
+        settings = self.gear_settings
+        assert settings is not None
+        rewards: dict[str, list[float]] = {}
+        for uid, score in zip(uids, scores, strict=True):
+            rewards.setdefault(uid, []).append(score)
+        records = []
+        for batch in batches:
+            extras = batch.get("extra_info")
+            for i, uid in enumerate(batch["uid"]):
+                extra = extras[i] if extras is not None and isinstance(extras[i], dict) else {}
+                key = next((extra[k] for k in ("id", "source", "index") if k in extra), None)
+                records.append({"id": str(key if key is not None else batch["index"][i]),
+                                "rewards": rewards.get(str(uid), [])})
+        rollout = self.config.actor_rollout_ref.rollout
+        write_eval_records(
+            Path(settings.run_log_dir or self.config.trainer.default_local_dir).resolve(),
+            int(self.global_steps), {"records": records}, k=int(rollout.val_kwargs.n),
+            seed=int(rollout.get("seed", 0) or 0))
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics: dict, timing_raw: dict,
                          global_steps: int, epoch: int) -> Any:
@@ -256,22 +323,13 @@ class GEARTrainerMixin:
         if pending is None or settings is None:
             return result
         own, samples = pending
-        if self.gear_run_log is None:
-            self.gear_run_log = EngineRunLog(
-                Path(settings.run_log_dir or self.config.trainer.default_local_dir).resolve(),
-                engine="verl", config=self._gear_run_config(settings), first_step=global_steps,
-                info={"run_id": uuid.uuid4().hex, "verl": _version("verl"),
-                      "torch": torch.__version__, "trainer_mode": self.gear_trainer_mode})
-            initial, self._gear_initial_validation = self._gear_initial_validation, None
-            if initial and global_steps == 1:  # a new run: its held-out score before training
-                self.gear_run_log.log_step(0, initial)
+        run_log = self._gear_open_run_log(settings, first_step=global_steps)
         values = {**own, **engine_metrics(metrics), **verl_held_out(metrics)}
         if "step" in timing_raw:
             values["time/step"] = float(timing_raw["step"])
-        self.gear_run_log.log_step(global_steps, values, samples)
+        run_log.log_step(global_steps, values, samples)
         if global_steps >= self.total_training_steps:
-            self.gear_run_log.finish({"estimator": settings.estimator.name,
-                                      "steps": global_steps})
+            run_log.finish({"estimator": settings.estimator.name, "steps": global_steps})
             self.gear_run_log = None
         return result
 
@@ -332,6 +390,24 @@ class GEARTrainerMixin:
         return (rollout_metrics(rewards, credit_batch.group_ids, credit_batch.mask,
                                 kept_responses, credit_batch.entropy), records)
 
+    def _gear_machine(self) -> dict[str, Any]:
+        """Where the run trains, in the facts :func:`gear_rl.rundir.machine_label` reads:
+        ``cpu`` the processor, or the GPU where the job has one; ``autocast_bf16`` whether the
+        actor computes in bf16; ``sampler_dtype`` the rollout's dtype."""
+        from gear_rl.rundir import cpu_model
+
+        device = cpu_model()
+        if torch.cuda.is_available():
+            device = f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}"
+        actor = self.config.actor_rollout_ref.actor
+        # FSDP's mixed precision computes in its param_dtype (the CPU mode's fp32 sets it)
+        dtype = (OmegaConf.select(actor, "fsdp_config.mixed_precision.param_dtype")
+                 or OmegaConf.select(actor, "fsdp_config.dtype") or "bfloat16")
+        rollout = OmegaConf.select(self.config.actor_rollout_ref.rollout, "dtype") or "bfloat16"
+        return {"cpu": device, "autocast_bf16": str(dtype) in ("bf16", "bfloat16"),
+                "sampler_dtype": "torch.bfloat16" if str(rollout) in ("bf16", "bfloat16")
+                else "torch.float32"}
+
     def _gear_run_config(self, settings: VerlGEARSettings) -> dict[str, Any]:
         """``config.yaml`` of the run log: the keys ``gear-rl report``/``compare`` read, in the
         trainer's names (``credit``: the estimator's settings that differ from its defaults),
@@ -357,6 +433,10 @@ class GEARTrainerMixin:
                         "samples_per_prompt": rollout.n,
                         "max_new_tokens": config.data.max_response_length,
                         "temperature": rollout.temperature},
+            "eval_data": config.data.get("val_files"),
+            "eval": {"k": rollout.val_kwargs.n, "temperature": rollout.val_kwargs.temperature,
+                     "top_p": rollout.val_kwargs.top_p,
+                     "max_new_tokens": config.data.max_response_length},
             "verl": whole}, default=str))
 
     def _dump_gear_step(self, batch: KVBatchMeta, signals: VerlSignals | None,
@@ -568,6 +648,22 @@ def verl_adv_estimator(config: Any) -> str:
 def _padding_rows(batch: KVBatchMeta) -> list[bool]:
     """Which of ``batch``'s rows are verl's padding rows (``is_padding`` in their tags)."""
     return [bool(tag.get("is_padding", False)) for tag in batch.tags]
+
+
+class _Seen:
+    """verl's validation data loader, keeping each batch it hands out: verl's ``_validate``
+    fills in each batch's ``uid`` in place, which maps the scores back to the rows."""
+
+    def __init__(self, loader: Any, seen: list[dict[str, Any]]) -> None:
+        self.loader, self.seen = loader, seen
+
+    def __iter__(self) -> Any:
+        for batch in self.loader:
+            self.seen.append(batch)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
 
 
 def _version(distribution: str) -> str | None:
