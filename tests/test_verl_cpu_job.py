@@ -150,7 +150,8 @@ def test_vllm_cpu_keeps_linear_weights_only_in_cpu_mode(monkeypatch) -> None:
                                torch.nn.functional.linear(x, 2 * before, kept.bias))
 
 
-def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path) -> None:
+def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     plan = cpu_job.plan_job(["trainer.n_gpus_per_node=2", "data.max_response_length=8",
                              "data.train_files=/x/math/train.parquet",
                              "data.val_files=/x/math/test.parquet",
@@ -163,6 +164,15 @@ def test_plan_lets_user_overrides_win_and_refuses_bad_input(tmp_path) -> None:
         "data.max_response_length=8"]
     assert plan.env["VERL_PLATFORM"] == "cpu" and plan.env["GPUS_PER_NODE"] == "2"
     assert plan.env["GEAR_MODEL"] == "/some/model"
+    # each rank's OpenMP threads: the cores shared out, unless the user set them
+    assert plan.env["OMP_NUM_THREADS"] == str(cpu_job.threads_per_rank(2))
+    assert cpu_job.threads_per_rank(1) == len(os.sched_getaffinity(0))
+    assert cpu_job.threads_per_rank(10_000) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_job.plan_job(["data.train_files=/x/math/train.parquet",
+                             "data.val_files=/x/math/test.parquet",
+                             "actor_rollout_ref.model.path=/some/model"],
+                            workdir=tmp_path).env["OMP_NUM_THREADS"] == "3"
     bundled = cpu_job.plan_job(["actor_rollout_ref.model.path=smollm2",
                                 "data.train_files=/x/math/train.parquet",
                                 "data.val_files=/x/math/test.parquet"], workdir=tmp_path)
