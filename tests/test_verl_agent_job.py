@@ -47,6 +47,22 @@ def test_env_rows_name_their_level_and_the_loop_parses_them() -> None:
         r["extra_info"]["env_seed"] for r in test}
 
 
+def test_the_loops_prompt_is_the_one_gear_rl_train_samples_from() -> None:
+    """verl renders a row's prompt (``render_chat``, the loop's first context) to the very ids
+    ``gear-rl train`` samples its episode from (``signals.prompt_ids`` of the same level), so
+    the two engines start every episode from the same tokens."""
+    from gear_rl.models import build_tiny_tokenizer
+    from gear_rl.signals import prompt_ids
+    from gear_rl.tasks.agentic import env_task
+
+    tokenizer = build_tiny_tokenizer()
+    task = env_task("sokoban", options={}, max_turns=None, train_size=4, eval_size=4, seed=0)
+    train, test = data.env_data_rows("sokoban", train_size=4, eval_size=4, seed=0)
+    for problem, row in zip([*task.train, *task.eval], [*train, *test], strict=True):
+        assert agent_loop.render_chat(tokenizer, row["prompt"]) == prompt_ids(
+            tokenizer, problem.prompt)
+
+
 @pytest.mark.parametrize(("info", "match"), [
     (None, "extra_info.env"), ({"x": 1}, "extra_info.env"),
     ({"env": "sokoban", "env_seed": -1}, "env_seed"),
@@ -121,6 +137,11 @@ def test_step_level_credit_on_sokoban_through_verls_agent_loop_is_the_registrys(
         assert set(scores.tolist()) <= {0.0, 1.0}  # the environment's solve, nothing else
         extras = {k: record[k] for k in ("step_spans", "step_rewards", "state_keys")}
         assert all(len(s) >= 1 for s in extras["step_spans"])
+        for row, spans in enumerate(extras["step_spans"]):  # each step is one policy turn
+            policy = mask[row].nonzero().flatten().tolist()
+            covered = [t for start, end in spans for t in range(start, end)
+                       if mask[row, t] == 1]
+            assert covered == policy and all(mask[row, start] == 1 for start, _ in spans)
         signals = {"entropy": record["entropy"], "divergence": divergence_from_logprobs(
             record["student_logprobs"], record["teacher_logprobs"], mask, "k3")}
         for name in STEP_ESTIMATORS:
