@@ -159,3 +159,15 @@ def test_jobs_split_the_visible_gpus_and_a_cpu_runs_one_cell() -> None:
     assert verl_parallelism(spec, None, {"CUDA_VISIBLE_DEVICES": ""}) == (1, [])
     with pytest.raises(ValueError, match="one cell at a time on a CPU"):
         verl_parallelism(spec, 2, {"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_a_verl_cell_leaves_its_threads_to_the_job() -> None:
+    """A gear-rl cell gets the study's threads; a verl cell (threads 0) gets none from the
+    study, so the CPU mode shares the cores among the job's ranks (OMP_NUM_THREADS), unless
+    the user set them."""
+    from gear_rl.study.runner import cell_environment
+
+    assert cell_environment(2, {"PATH": "/bin"}) == {
+        "PATH": "/bin", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+    assert "OMP_NUM_THREADS" not in cell_environment(0, {"PATH": "/bin"})
+    assert cell_environment(0, {"OMP_NUM_THREADS": "3"})["OMP_NUM_THREADS"] == "3"

@@ -26,7 +26,8 @@ the file and every number.
                 benchmarks/study_parallel.py). A verl study (engine: verl): one cell at a time
                 on a CPU; with GPUs, N cells of trainer.n_gpus_per_node GPUs each (default:
                 as many as the visible GPUs hold), each with its own CUDA_VISIBLE_DEVICES
-  threads=N     torch threads per cell (default: cores / jobs)
+  threads=N     torch threads per cell (default: cores / jobs; a verl cell: its ranks share
+                the cores)
   methods=A,B   train only these methods' cells (e.g. the baseline and the method under
                 test first); the others wait for a later run. The report covers every
                 finished cell.

@@ -61,7 +61,8 @@ from gear_rl.study.verl_cells import VerlCellConfig, verl_cell_state, verl_pytho
 from gear_rl.train.config import TrainConfig, config_to_dict, recorded_config_dict
 from gear_rl.train.runtime import resolve_device, resolves_to_bf16
 
-__all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "default_parallelism",
+__all__ = ["DEFAULT_JOBS_PER_CORE", "CellOutcome", "StudyRun", "cell_environment",
+           "default_parallelism",
            "machine_info", "mixed_seed_warnings", "plan_cells", "register_study", "run_state",
            "run_study", "select_cells"]
 
@@ -418,7 +419,8 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     Args:
         spec: the study. ``out``: the study folder.
         jobs: cells trained at once, each in its own process (None: :func:`default_parallelism`).
-        threads: torch threads per cell (None: the cores shared among the jobs).
+        threads: torch threads per cell (None: the cores shared among the jobs; a verl
+            study's CPU cells: each job shares the cores among its ranks).
         progress: show a progress bar (cells done / total, the running cells' steps, ETA) and
             a line per finished cell on stderr.
         python: the interpreter of the cell processes.
@@ -437,12 +439,14 @@ def run_study(spec: StudySpec, out: str | Path, *, jobs: int | None = None,
     """
     if spec.engine == "verl":
         jobs, gpus = verl_parallelism(spec, jobs)
-        threads = threads or 1
+        # 0: the job shares the cores out among its ranks itself (the CPU mode's
+        # OMP_NUM_THREADS, cpu_job.threads_per_rank); threads=N sets it for every cell
+        threads = threads or 0
         python = verl_python()
     else:
         jobs, threads = resolve_parallelism(jobs, threads)
         gpus = []
-    if jobs < 1 or threads < 1:
+    if jobs < 1 or threads < (0 if spec.engine == "verl" else 1):
         raise ValueError(f"study: jobs and threads must be >= 1, got jobs={jobs}, "
                          f"threads={threads}")
     selected = {cell.name for cell in select_cells(spec, methods, seeds, tasks)}
@@ -613,6 +617,16 @@ def _command(item: Planned, out: Path, python: str, threads: int) -> list[str]:
     return [*head, str(path)]
 
 
+def cell_environment(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a cell's process: this one's with ``threads`` OpenMP/MKL threads, or,
+    with ``threads`` 0 (a verl study's cell), the threads left to the job (the CPU mode shares
+    the cores among its ranks)."""
+    env = {**(os.environ if environ is None else environ), "PYTHONUNBUFFERED": "1"}
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
 def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: int,
            progress: bool, python: str, keep_checkpoints: bool | str, result: StudyRun,
            on_cell: Callable[[CellOutcome], None] | None,
@@ -620,8 +634,7 @@ def _train(todo: list[Planned], total: int, out: Path, *, jobs: int, threads: in
     timings = _Timings(out)
     queue = list(todo)
     running: list[_Running] = []
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONUNBUFFERED": "1"}
+    env = cell_environment(threads)
     bar = None
     if progress:
         from tqdm import tqdm
