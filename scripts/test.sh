@@ -4,7 +4,8 @@
 # lent GPU machine's check rehearsed on this CPU (scripts/device_check.sh --rehearse --quick). Extra
 # arguments go to pytest, e.g. scripts/test.sh -m "not slow"; naming test paths runs just those,
 # in the main environment (tests/test_verl_cpu_job.py and test_integration_verl_trainer.py skip
-# there: run them with .venv/verl-cpu/bin/python -m pytest ...).
+# there: run them with .venv/verl-cpu/bin/python -m pytest ...). The main suite runs on two
+# pytest-xdist workers (GEAR_RL_TEST_WORKERS=N to change, 0 for one process).
 #
 # scripts/test.sh --quick: the inner loop while editing (about 2 minutes on a 2-core EPYC): ruff
 # and the tests marked quick (the credit core, the loss, config, the registry, the package
