@@ -393,8 +393,9 @@ def _step_cell(method: MethodResult) -> str:
 
 def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
     task = result.task
-    settings = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in task.overrides.items())
-    lines = [f"## {task.label}", "", f"Task settings: {settings}."]
+    settings = ", ".join([*([f"verl setting `{task.setting}`"] if task.setting else []),
+                          *(f"`{k}={json.dumps(v)}`" for k, v in task.overrides.items())])
+    lines = [f"## {task.label}", "", f"Task settings: {settings or 'none'}."]
     matched = [f"{m.label}: `{SAMPLES_KEY}={m.samples_per_prompt[task.key]}`"
                for m in spec.methods if m.samples_per_prompt]
     if matched:
@@ -405,9 +406,12 @@ def _task_markdown(spec: StudySpec, result: TaskResult) -> list[str]:
     name = _metric_key(spec, result.k).removeprefix("eval/")
     conf = f"{spec.statistics.confidence * 100:g}%"
     baseline = result.methods[0]
+    pairing = ("every cell on the same problems; verl's vLLM draws its samples per engine, "
+               "not per problem, so samples are paired by problem only and start scores may "
+               "differ between methods (docs/study.md)" if spec.engine == "verl"
+               else "every cell on the same problems with the same sampling seeds")
     lines += ["", f"Held-out {name} at step {result.final_step}: {len(result.problems)} problems"
-              f" x {result.k} samples per cell, every cell on the same problems with the same "
-              "sampling seeds.", "",
+              f" x {result.k} samples per cell, {pairing}.", "",
               f"| method | seeds | {name} | {conf} CI | per seed | vs {baseline.method.label} |"
               f" {conf} CI of the difference | detectable (MDD) | seed-level test | verdict |",
               "|---|---|---|---|---|---|---|---|---|---|"]
