@@ -70,6 +70,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "checkpoint_problem",
+    "cpu_flags",
     "cpu_model",
     "file_sha256",
     "fsync_folder",
@@ -78,6 +79,7 @@ __all__ = [
     "read_eval_records",
     "read_jsonl",
     "trained_on",
+    "usable_cores",
     "write_eval_records",
     "write_manifest",
 ]
@@ -569,6 +571,26 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> frozenset[str]:
+    """The processor's feature flags (``/proc/cpuinfo``'s ``flags``, or ``Features`` on Arm;
+    empty elsewhere): which of bf16's fast paths (AMX, AVX-512 BF16) the machine has."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says; else the count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 EVAL_RECORDS = "eval_records"

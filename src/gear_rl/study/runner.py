@@ -49,10 +49,12 @@ from gear_rl.dataclass_config import flatten_keys
 from gear_rl.rundir import (
     RunDir,
     atomic_write_text,
+    cpu_flags,
     cpu_model,
     machine_label,
     read_jsonl,
     trained_on,
+    usable_cores,
 )
 from gear_rl.stop import StopSignal
 from gear_rl.study.registration import note_finished, register
@@ -80,15 +82,10 @@ def machine_info() -> dict[str, Any]:
     """The CPU model, core count, AMX / AVX-512 flags, memory and torch version."""
     import torch
 
-    info: dict[str, Any] = {"cpu": cpu_model(),
-                            "cores": len(os.sched_getaffinity(0))
-                            if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    info: dict[str, Any] = {"cpu": cpu_model(), "cores": usable_cores(),
                             "torch": torch.__version__, "python": platform.python_version()}
-    flags: set[str] = set()
+    flags = cpu_flags()
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        flag_line = next((line for line in lines if line.startswith("flags")), "flags:")
-        flags = set(flag_line.split(":", 1)[1].split())
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 info["memory_gb"] = round(int(line.split()[1]) / 2**20, 1)

@@ -118,28 +118,16 @@ def pass_flops(shape: ModelShape, prompts: Sequence[Sequence[int]],
     return 3.0 * forward if gradients else forward
 
 
-def _cpu_flags() -> str:
-    """The processor's feature flags (``/proc/cpuinfo``; empty elsewhere): a BIOS or VM that
-    hides AVX-512 changes the peak though the model name is the same."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
-
-
 def peak_key(device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int]) -> str:
     """The cache key of a peak: processor (model name and a digest of its flags, or the CUDA
     device's name), torch's version, ``dtype``, torch's thread count and the matmul ``shape``
     ``(M, K, N)``."""
-    from gear_rl.rundir import cpu_model
+    from gear_rl.rundir import cpu_flags, cpu_model
 
     if device.type == "cuda":
         processor = torch.cuda.get_device_name(device)
     else:
-        flags = hashlib.sha256(_cpu_flags().encode()).hexdigest()[:12]
+        flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
         processor = f"{cpu_model()} (flags {flags})"
     m, k, n = shape
     return (f"{processor} | torch {torch.__version__} | {str(dtype).removeprefix('torch.')} | "

@@ -353,11 +353,9 @@ def plan_job(overrides: Sequence[str], *, setting: str = "math",
 def threads_per_rank(n_ranks: int) -> int:
     """OpenMP threads for each of a CPU job's ``n_ranks`` FSDP ranks: the cores this process
     may use, shared out (at least one each)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, n_ranks))
+    from gear_rl.rundir import usable_cores
+
+    return max(1, usable_cores() // max(1, n_ranks))
 
 
 _STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
